@@ -1,0 +1,43 @@
+//! # talos-client
+//!
+//! A typed, async client for the [Talos Linux](https://www.talos.dev) machine
+//! API: gRPC over mutual TLS (tonic + prost over rustls), wire-compatible with
+//! upstream Talos, with no talosctl and no Go in the path.
+//!
+//! ```no_run
+//! use talos_client::{Client, config::{Overrides, TalosConfig}};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! // Read the talosconfig talosctl uses ($TALOSCONFIG, ~/.talos/config, ...).
+//! let (config, location) = TalosConfig::load(None)?;
+//! let context = config.resolve(&Overrides::default(), &location.path)?;
+//! let client = Client::from_context(&context)?;
+//!
+//! // One node: a plain result.
+//! for member in client.node("10.0.0.2").etcd_member_list(true).await? {
+//!     println!("{} {} learner={}", member.id, member.hostname, member.is_learner);
+//! }
+//!
+//! // Several nodes: one result per node.
+//! for reply in client.nodes(["10.0.0.2", "10.0.0.3"]).version().await? {
+//!     match reply.result {
+//!         Ok(v) => println!("{}: {}", reply.node, v.tag),
+//!         Err(e) => eprintln!("{}: {e}", reply.node),
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Layers, bottom up: [`api`] (generated stubs) → [`Client`] (typed calls,
+//! node targeting, failover) → [`snapshot`] (verified etcd snapshots) → the
+//! `talosctl-rs` CLI. [`sim`] is a simulated Talos control plane backed by
+//! real etcd, for tests and trying things out.
+
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod client;
+pub mod config;
+pub mod tls;
+
+pub use client::{Client, ClientBuilder, Error, Many, NodeResult, NodeResults, One, Result, Target};

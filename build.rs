@@ -22,6 +22,8 @@ fn main() -> io::Result<()> {
         // Snapshot chunks are passed along without copying.
         .bytes(".common.Data.bytes")
         .bytes(".etcdserverpb.SnapshotResponse.blob")
+        // Servers (the simulator, tests) implement only the calls they serve.
+        .generate_default_stubs(true)
         .include_file("talos_api.rs")
         .compile_fds(fds)
 }

@@ -40,4 +40,8 @@ pub mod client;
 pub mod config;
 pub mod tls;
 
-pub use client::{Client, ClientBuilder, Error, Many, NodeResult, NodeResults, One, Result, Target};
+pub use client::{
+    Client, ClientBuilder, Error, Many, NodeResult, NodeResults, One, Result, Target,
+};
+#[cfg(feature = "sim")]
+pub mod sim;

@@ -293,8 +293,14 @@ pub fn parse_certificates(
 pub fn parse_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
     let text = String::from_utf8_lossy(pem);
     let relabelled = text
-        .replace("-----BEGIN ED25519 PRIVATE KEY-----", "-----BEGIN PRIVATE KEY-----")
-        .replace("-----END ED25519 PRIVATE KEY-----", "-----END PRIVATE KEY-----");
+        .replace(
+            "-----BEGIN ED25519 PRIVATE KEY-----",
+            "-----BEGIN PRIVATE KEY-----",
+        )
+        .replace(
+            "-----END ED25519 PRIVATE KEY-----",
+            "-----END PRIVATE KEY-----",
+        );
     match PrivateKeyDer::from_pem_slice(relabelled.as_bytes()) {
         Ok(key) => Ok(key),
         Err(rustls_pki_types::pem::Error::NoItemsFound) => Err(TlsError::Missing {

@@ -199,7 +199,10 @@ pub enum RebootMode {
 
 impl<S: Scope> Client<S> {
     /// Applies a machine configuration.
-    pub async fn apply_configuration(&self, request: ApplyRequest) -> Result<S::Output<ApplyResult>> {
+    pub async fn apply_configuration(
+        &self,
+        request: ApplyRequest,
+    ) -> Result<S::Output<ApplyResult>> {
         let wire = machine::ApplyConfigurationRequest {
             data: request.config,
             mode: request.mode.to_wire() as i32,
@@ -264,7 +267,11 @@ impl<S: Scope> Client<S> {
         } as i32;
         self.unary(
             Idempotency::Mutation,
-            |t| async move { machine_stub(t).reboot(machine::RebootRequest { mode }).await },
+            |t| async move {
+                machine_stub(t)
+                    .reboot(machine::RebootRequest { mode })
+                    .await
+            },
             |m: machine::Reboot| Ok(m.actor_id),
         )
         .await
@@ -274,7 +281,11 @@ impl<S: Scope> Client<S> {
     pub async fn shutdown(&self, force: bool) -> Result<S::Output<String>> {
         self.unary(
             Idempotency::Mutation,
-            |t| async move { machine_stub(t).shutdown(machine::ShutdownRequest { force }).await },
+            |t| async move {
+                machine_stub(t)
+                    .shutdown(machine::ShutdownRequest { force })
+                    .await
+            },
             |m: machine::Shutdown| Ok(m.actor_id),
         )
         .await

@@ -129,7 +129,17 @@ fn attempts(list: &[ConnectAttempt]) -> String {
 
 impl Error {
     /// Maps a gRPC status to the matching variant.
+    ///
+    /// A status caused by a TLS failure below gRPC (for instance the server
+    /// rejecting the client certificate after a TLS 1.3 handshake) is
+    /// explained in TLS terms and reported as `Unauthenticated`.
     pub fn from_status(status: &tonic::Status, node: Option<&str>) -> Error {
+        use std::error::Error as _;
+        if let Some(source) = status.source()
+            && let Some(reason) = super::transport::describe_tls_cause(source)
+        {
+            return Error::from_code(Code::Unauthenticated, reason, node);
+        }
         Error::from_code(status.code(), status.message().to_string(), node)
     }
 

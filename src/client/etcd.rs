@@ -259,7 +259,9 @@ impl<S: Scope> Client<S> {
             Idempotency::Mutation,
             |t| async move {
                 machine_stub(t)
-                    .etcd_remove_member_by_id(machine::EtcdRemoveMemberByIdRequest { member_id: id.0 })
+                    .etcd_remove_member_by_id(machine::EtcdRemoveMemberByIdRequest {
+                        member_id: id.0,
+                    })
                     .await
             },
             |_: machine::EtcdRemoveMemberById| Ok(()),
@@ -269,7 +271,11 @@ impl<S: Scope> Client<S> {
 
     /// Starts etcd in bootstrap mode on the node (optionally from a snapshot
     /// uploaded with [`Client::etcd_recover`]).
-    pub async fn bootstrap(&self, recover_etcd: bool, skip_hash_check: bool) -> Result<S::Output<()>> {
+    pub async fn bootstrap(
+        &self,
+        recover_etcd: bool,
+        skip_hash_check: bool,
+    ) -> Result<S::Output<()>> {
         self.unary(
             Idempotency::Mutation,
             |t| async move {
@@ -361,5 +367,35 @@ impl Stream for ByteStream {
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+impl ByteStream {
+    /// Writes the whole stream to `path` (created or truncated, mode 0600)
+    /// through a 1 MiB buffer and syncs it; returns the byte count. This does
+    /// not verify anything: see [`crate::snapshot::save`] for that.
+    pub async fn write_to_file(mut self, path: &std::path::Path) -> Result<u64> {
+        use tokio::io::AsyncWriteExt as _;
+        let io_error = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .await
+            .map_err(io_error)?;
+        let mut writer = tokio::io::BufWriter::with_capacity(1 << 20, file);
+        let mut total = 0u64;
+        while let Some(chunk) = self.next_chunk().await? {
+            total += chunk.len() as u64;
+            writer.write_all(&chunk).await.map_err(io_error)?;
+        }
+        writer.flush().await.map_err(io_error)?;
+        writer.get_mut().sync_all().await.map_err(io_error)?;
+        Ok(total)
     }
 }

@@ -21,19 +21,19 @@
 //! change state (leave, remove-member, forfeit, reset, apply-config, reboot,
 //! ...) are never retried.
 
+mod changes;
 mod error;
 mod etcd;
 mod reply;
 mod system;
 mod transport;
-mod changes;
 
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::metadata::{MetadataValue, AsciiMetadataValue};
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -137,7 +137,9 @@ impl<S: Scope> Clone for Client<S> {
 
 impl<S: Scope> std::fmt::Debug for Client<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("target", &self.target).finish_non_exhaustive()
+        f.debug_struct("Client")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
     }
 }
 
@@ -311,7 +313,9 @@ impl<S: Scope> Client<S> {
         I: IntoIterator<Item = N>,
         N: Into<String>,
     {
-        self.retarget(Target::Aggregate(nodes.into_iter().map(Into::into).collect()))
+        self.retarget(Target::Aggregate(
+            nodes.into_iter().map(Into::into).collect(),
+        ))
     }
 
     /// Which nodes this client addresses.
@@ -339,7 +343,10 @@ pub(crate) struct TargetInterceptor {
 }
 
 impl tonic::service::Interceptor for TargetInterceptor {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(node) = &self.node {
             request.metadata_mut().insert("node", node.clone());
         }
@@ -356,8 +363,7 @@ impl tonic::service::Interceptor for TargetInterceptor {
 pub(crate) type Transport = InterceptedService<Channel, TargetInterceptor>;
 
 fn metadata_value(node: &str) -> Result<AsciiMetadataValue> {
-    MetadataValue::try_from(node)
-        .map_err(|_| Error::Builder("node names must be printable ASCII"))
+    MetadataValue::try_from(node).map_err(|_| Error::Builder("node names must be printable ASCII"))
 }
 
 pub(crate) fn machine_stub(transport: Transport) -> MachineServiceClient<Transport> {
@@ -386,12 +392,18 @@ impl<S: Scope> Client<S> {
             Target::Node(n) => (Some(metadata_value(n)?), Vec::new(), n.clone()),
             Target::Aggregate(list) => (
                 None,
-                list.iter().map(|n| metadata_value(n)).collect::<Result<_>>()?,
+                list.iter()
+                    .map(|n| metadata_value(n))
+                    .collect::<Result<_>>()?,
                 String::new(),
             ),
             Target::FanOut(_) => unreachable!("fan-out is split into single-node calls"),
         };
-        let interceptor = TargetInterceptor { node, nodes, timeout };
+        let interceptor = TargetInterceptor {
+            node,
+            nodes,
+            timeout,
+        };
         Ok((index, InterceptedService::new(channel, interceptor), label))
     }
 
@@ -424,7 +436,11 @@ impl<S: Scope> Client<S> {
                         }
                     }
                 });
-                futures::future::join_all(calls).await.into_iter().flatten().collect()
+                futures::future::join_all(calls)
+                    .await
+                    .into_iter()
+                    .flatten()
+                    .collect()
             }
             target => self.unary_once(target, idempotency, &call, convert).await?,
         };
@@ -454,7 +470,9 @@ impl<S: Scope> Client<S> {
             let (index, transport, label) = self.transport(target, Some(deadline)).await?;
             let outcome = tokio::time::timeout(deadline, call(transport)).await;
             let status = match outcome {
-                Ok(Ok(response)) => return Ok(reply::decode(response.into_inner(), &label, convert)),
+                Ok(Ok(response)) => {
+                    return Ok(reply::decode(response.into_inner(), &label, convert));
+                }
                 Ok(Err(status)) => status,
                 Err(_) => tonic::Status::deadline_exceeded(format!(
                     "no answer within {}s",

@@ -101,7 +101,10 @@ pub(crate) fn metadata_error(metadata: Option<&common::Metadata>) -> Option<Erro
         _ => Code::Unknown,
     };
     let message = if md.error.is_empty() {
-        md.status.as_ref().map(|s| s.message.clone()).unwrap_or_default()
+        md.status
+            .as_ref()
+            .map(|s| s.message.clone())
+            .unwrap_or_default()
     } else {
         md.error.clone()
     };

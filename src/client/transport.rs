@@ -45,7 +45,11 @@ struct State {
 }
 
 impl Connection {
-    pub(crate) fn new(endpoints: Vec<EndpointAddr>, tls: Arc<ClientConfig>, settings: Settings) -> Self {
+    pub(crate) fn new(
+        endpoints: Vec<EndpointAddr>,
+        tls: Arc<ClientConfig>,
+        settings: Settings,
+    ) -> Self {
         Connection {
             endpoints,
             tls,
@@ -156,7 +160,10 @@ impl tower::Service<Uri> for TlsConnector {
 
 /// Explains a failed connection in operator terms: which certificate check
 /// failed rather than a chain of transport wrappers.
-pub(crate) fn describe_connect_error(err: &(dyn std::error::Error + 'static), host: &str) -> String {
+pub(crate) fn describe_connect_error(
+    err: &(dyn std::error::Error + 'static),
+    host: &str,
+) -> String {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     let mut chain = Vec::new();
     while let Some(e) = source {
@@ -170,6 +177,23 @@ pub(crate) fn describe_connect_error(err: &(dyn std::error::Error + 'static), ho
         source = e.source();
     }
     chain.join(": ")
+}
+
+/// Explains a TLS failure found anywhere in an error's source chain.
+pub(crate) fn describe_tls_cause(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(rustls_error) = find_rustls_error(e) {
+            return Some(describe_tls(rustls_error, "the server"));
+        }
+        // tokio-rustls reports alerts on reads as text only.
+        let text = e.to_string();
+        if let Some(alert) = text.split("received fatal alert: ").nth(1) {
+            return Some(rejected(alert));
+        }
+        source = e.source();
+    }
+    None
 }
 
 fn find_rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
@@ -187,20 +211,26 @@ fn describe_tls(e: &rustls::Error, host: &str) -> String {
         E::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => format!(
             "TLS: the server certificate of {host} is not signed by the configured CA (wrong talosconfig or cluster?)"
         ),
-        E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => format!(
-            "TLS: the server certificate is not valid for {host:?} (no matching SAN)"
-        ),
+        E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+            format!("TLS: the server certificate is not valid for {host:?} (no matching SAN)")
+        }
         E::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
             "TLS: the server certificate has expired".to_string()
         }
-        E::AlertReceived(alert @ (A::BadCertificate
-        | A::CertificateExpired
-        | A::UnknownCA
-        | A::CertificateUnknown
-        | A::UnsupportedCertificate
-        | A::CertificateRequired)) => format!(
-            "TLS: the server rejected the client certificate ({alert:?}); check that it is signed by this cluster's CA, not expired, and has ClientAuth usage"
-        ),
+        E::AlertReceived(
+            alert @ (A::BadCertificate
+            | A::CertificateExpired
+            | A::UnknownCA
+            | A::CertificateUnknown
+            | A::UnsupportedCertificate
+            | A::CertificateRequired),
+        ) => rejected(format!("{alert:?}")),
         other => format!("TLS: {other}"),
     }
+}
+
+fn rejected(alert: impl std::fmt::Display) -> String {
+    format!(
+        "TLS: the server rejected the connection ({alert}); check that the client certificate is signed by this cluster's CA, not expired, and has exactly the ClientAuth usage"
+    )
 }

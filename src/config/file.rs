@@ -34,7 +34,11 @@ pub struct Context {
     #[serde(default, deserialize_with = "null_as_default")]
     pub endpoints: Vec<String>,
     /// Default target nodes for calls.
-    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "null_as_default")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_default"
+    )]
     pub nodes: Vec<String>,
     /// Base64 (standard alphabet) of the CA certificate PEM.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -87,12 +91,7 @@ impl fmt::Debug for Context {
 
 impl Context {
     /// Builds a context from endpoints and PEM material (encoded as base64).
-    pub fn new(
-        endpoints: Vec<String>,
-        ca_pem: &[u8],
-        crt_pem: &[u8],
-        key_pem: &[u8],
-    ) -> Context {
+    pub fn new(endpoints: Vec<String>, ca_pem: &[u8], crt_pem: &[u8], key_pem: &[u8]) -> Context {
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::STANDARD;
         Context {

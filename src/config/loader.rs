@@ -151,17 +151,22 @@ pub struct ConfigPath {
 /// `$TALOS_HOME/config` (when absolute) or `~/.talos/config`, then the
 /// in-pod `/var/run/secrets/talos.dev/config`.
 pub fn default_paths() -> Vec<ConfigPath> {
+    default_paths_with(|name| std::env::var_os(name))
+}
+
+/// [`default_paths`] with the environment supplied by `env`.
+pub fn default_paths_with(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Vec<ConfigPath> {
     let mut paths = Vec::new();
-    if let Some(p) = std::env::var_os("TALOSCONFIG") {
+    if let Some(p) = env("TALOSCONFIG") {
         paths.push(ConfigPath {
             path: PathBuf::from(p),
             write_allowed: true,
         });
     }
-    let talos_home = std::env::var_os("TALOS_HOME")
+    let talos_home = env("TALOS_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".talos")));
+        .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".talos")));
     if let Some(dir) = talos_home {
         paths.push(ConfigPath {
             path: dir.join("config"),
@@ -282,7 +287,10 @@ impl TalosConfig {
         overrides: &Overrides,
         path: &Path,
     ) -> Result<ResolvedContext, ConfigError> {
-        let name = overrides.context.clone().unwrap_or_else(|| self.context.clone());
+        let name = overrides
+            .context
+            .clone()
+            .unwrap_or_else(|| self.context.clone());
         if name.is_empty() {
             return Err(ConfigError::NoCurrentContext {
                 path: path.to_path_buf(),
@@ -338,7 +346,12 @@ impl TalosConfig {
     }
 }
 
-fn decode_pem(path: &Path, context: &str, key: &'static str, value: &str) -> Result<Vec<u8>, ConfigError> {
+fn decode_pem(
+    path: &Path,
+    context: &str,
+    key: &'static str,
+    value: &str,
+) -> Result<Vec<u8>, ConfigError> {
     let bad = |reason: String| ConfigError::BadValue {
         path: path.to_path_buf(),
         context: context.to_string(),
@@ -477,9 +490,14 @@ pub fn normalize_endpoint(endpoint: &str) -> Result<EndpointAddr, ConfigError> {
     } else {
         DEFAULT_API_PORT
     };
-    let parse_port = |p: &str| p.parse::<u16>().map_err(|_| bad("port is not a number from 0 to 65535"));
+    let parse_port = |p: &str| {
+        p.parse::<u16>()
+            .map_err(|_| bad("port is not a number from 0 to 65535"))
+    };
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (host, after) = v6.split_once(']').ok_or_else(|| bad("unclosed '[' in IPv6 address"))?;
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or_else(|| bad("unclosed '[' in IPv6 address"))?;
         match after.strip_prefix(':') {
             Some(p) => (host, parse_port(p)?),
             None if after.is_empty() => (host, default_port),

@@ -11,5 +11,6 @@ pub mod loader;
 
 pub use file::{Context, TalosConfig};
 pub use loader::{
-    ConfigError, ConfigPath, Overrides, Rename, ResolvedContext, default_paths, normalize_endpoint,
+    ConfigError, ConfigPath, EndpointAddr, Overrides, Rename, ResolvedContext, default_paths,
+    default_paths_with, normalize_endpoint,
 };

@@ -1,0 +1,139 @@
+//! Serving tonic services over mutual TLS on a TCP listener, the way apid
+//! does, and reading the caller's roles from its certificate.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use rustls::ServerConfig;
+use rustls_pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::Connected;
+
+use crate::tls::roles_of;
+
+/// A server-side mutual-TLS connection; tonic exposes its [`PeerInfo`] in
+/// every request's extensions.
+pub struct MtlsStream(TlsStream<TcpStream>);
+
+/// Who is on the other end of a [`MtlsStream`].
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    /// The client's address.
+    pub remote_addr: Option<SocketAddr>,
+    /// The client's certificate chain, leaf first.
+    pub certificates: Arc<Vec<CertificateDer<'static>>>,
+}
+
+impl Connected for MtlsStream {
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> PeerInfo {
+        let (tcp, session) = self.0.get_ref();
+        PeerInfo {
+            remote_addr: tcp.peer_addr().ok(),
+            certificates: Arc::new(
+                session
+                    .peer_certificates()
+                    .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
+                    .unwrap_or_default(),
+            ),
+        }
+    }
+}
+
+impl AsyncRead for MtlsStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for MtlsStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+}
+
+/// Accepts connections on `listener` and completes TLS handshakes
+/// concurrently; yields only connections whose handshake succeeded (a bad
+/// client certificate fails its own connection, nothing else). The accept
+/// loop ends when the returned stream is dropped.
+pub fn tls_incoming(
+    listener: TcpListener,
+    config: Arc<ServerConfig>,
+) -> ReceiverStream<std::io::Result<MtlsStream>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(pair) => pair,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                },
+                () = tx.closed() => return,
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match acceptor.accept(tcp).await {
+                    Ok(stream) => {
+                        let _ = tx.send(Ok(MtlsStream(stream))).await;
+                    }
+                    Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// The roles (Organization values) of the client certificate a request
+/// arrived with; empty when there is none.
+pub fn peer_roles<T>(request: &tonic::Request<T>) -> Vec<String> {
+    request
+        .extensions()
+        .get::<PeerInfo>()
+        .and_then(|peer| {
+            peer.certificates
+                .first()
+                .and_then(|leaf| roles_of(leaf).ok())
+        })
+        .unwrap_or_default()
+}

@@ -1,1 +1,259 @@
-fn main() {}
+//! talos-sim: a simulated Talos control plane on loopback, each node backed
+//! by a real etcd member.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use talos_client::config::{Context, TalosConfig};
+use talos_client::sim::pki::{Ca, LeafSpec};
+use talos_client::sim::{Cluster, DEFAULT_BASE_IP, SimConfig};
+use time::OffsetDateTime;
+
+#[derive(Parser)]
+#[command(
+    name = "talos-sim",
+    version,
+    about = "A simulated Talos control plane backed by real etcd"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a cluster and run until SIGINT or SIGTERM.
+    Up(UpArgs),
+    /// Add a control-plane node to the cluster running in DIR.
+    AddNode {
+        /// The directory `talos-sim up` runs in.
+        dir: PathBuf,
+    },
+    /// Write an example Talos PKI and talosconfig into DIR.
+    GenCerts {
+        /// Where to write them.
+        dir: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct UpArgs {
+    /// Number of control-plane nodes.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Directory for talosconfigs, PKI, logs and node data (default: a new
+    /// temporary directory, removed on exit).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Node i listens on this address + i.
+    #[arg(long, default_value_t = DEFAULT_BASE_IP)]
+    base_ip: Ipv4Addr,
+    /// apid port shared by all nodes.
+    #[arg(long, default_value_t = 50000)]
+    api_port: u16,
+    /// etcd client port on every node.
+    #[arg(long, default_value_t = 2379)]
+    etcd_client_port: u16,
+    /// etcd peer port on every node.
+    #[arg(long, default_value_t = 2380)]
+    etcd_peer_port: u16,
+    /// Use a random 127.x.y.0/24 and free ports instead of the above.
+    #[arg(long)]
+    isolated: bool,
+    /// Print the node list as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TALOS_SIM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match Cli::parse().command {
+        Command::Up(args) => up(args).await,
+        Command::AddNode { dir } => add_node(&dir).await,
+        Command::GenCerts { dir } => gen_certs(&dir),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("talos-sim: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Holds an exclusive lock on `DIR/talos-sim.lock` while a cluster runs there.
+fn lock_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("talos-sim.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a file descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!("another talos-sim is already running in {}", dir.display());
+    }
+    Ok(file)
+}
+
+async fn up(args: UpArgs) -> anyhow::Result<()> {
+    let (dir, _temporary) = match args.dir {
+        Some(dir) => (dir, None),
+        None => {
+            let temp = tempfile::Builder::new().prefix("talos-sim-").tempdir()?;
+            (temp.path().to_path_buf(), Some(temp))
+        }
+    };
+    let _lock = lock_dir(&dir)?;
+    let cfg = if args.isolated {
+        SimConfig::isolated(&dir, args.nodes)
+    } else {
+        SimConfig {
+            base_ip: args.base_ip,
+            api_port: args.api_port,
+            etcd_client_port: args.etcd_client_port,
+            etcd_peer_port: args.etcd_peer_port,
+            ..SimConfig::new(&dir, args.nodes)
+        }
+    };
+    if cfg.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    let cluster = Cluster::up(cfg).await.context("starting the cluster")?;
+    cluster.serve_control(&dir.join("control.sock"))?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({ "dir": dir, "talosconfig": cluster.talosconfig_path(), "nodes": cluster.nodes() })
+        );
+    } else {
+        println!(
+            "talos-sim: {} control-plane nodes running",
+            cluster.nodes().len()
+        );
+        for node in cluster.nodes() {
+            println!(
+                "  {:<6} {:<16} etcd {}",
+                node.name, node.api, node.etcd_client_url
+            );
+        }
+        println!("directory:   {}", dir.display());
+        println!("talosconfig: {}", cluster.talosconfig_path().display());
+        println!(
+            "try: talosctl-rs --talosconfig {} etcd members",
+            cluster.talosconfig_path().display()
+        );
+        println!("stop with Ctrl-C");
+    }
+    wait_for_signal().await?;
+    eprintln!("talos-sim: stopping");
+    cluster.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    Ok(())
+}
+
+async fn add_node(dir: &Path) -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let socket = dir.join("control.sock");
+    let stream = tokio::net::UnixStream::connect(&socket)
+        .await
+        .with_context(|| {
+            format!(
+                "no talos-sim running in {} ({})",
+                dir.display(),
+                socket.display()
+            )
+        })?;
+    let (read, mut write) = stream.into_split();
+    write.write_all(b"add-node\n").await?;
+    let mut lines = tokio::io::BufReader::new(read).lines();
+    let reply = tokio::time::timeout(Duration::from_secs(180), lines.next_line())
+        .await
+        .context("timed out waiting for the new node")??
+        .context("talos-sim closed the connection")?;
+    let reply: serde_json::Value = serde_json::from_str(&reply)?;
+    if reply["ok"] != true {
+        bail!("{}", reply["error"].as_str().unwrap_or("add-node failed"));
+    }
+    let node = &reply["node"];
+    println!(
+        "added {} at {} (etcd learner, promoted once caught up)",
+        node["name"].as_str().unwrap_or_default(),
+        node["api"].as_str().unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// Writes the example PKI: CA, a server certificate for 127.0.0.1 and the
+/// default node addresses, admin, reader and etcd-backup client
+/// certificates, and talosconfigs using them.
+fn gen_certs(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let ca = Ca::generate()?;
+    let now = OffsetDateTime::now_utc();
+    let ten_years = now + Duration::from_secs(10 * 365 * 24 * 3600);
+    let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
+    let mut names = vec!["localhost".to_string()];
+    for i in 1..=9 {
+        ips.push(IpAddr::V4(Ipv4Addr::from(u32::from(DEFAULT_BASE_IP) + i)));
+        names.push(format!("cp-{i}"));
+    }
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let server = ca.issue(&LeafSpec::server(&ips, &name_refs).valid(now, ten_years))?;
+    let write = |name: &str, text: &str| -> anyhow::Result<()> {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    write("ca.crt", &ca.cert_pem)?;
+    write("ca.key", ca.key_pem())?;
+    write("server.crt", &server.cert_pem)?;
+    write("server.key", &server.key_pem)?;
+    let endpoints: Vec<String> = (1..=3)
+        .map(|i| Ipv4Addr::from(u32::from(DEFAULT_BASE_IP) + i).to_string())
+        .collect();
+    for (stem, role, config) in [
+        ("admin", "os:admin", "talosconfig"),
+        ("reader", "os:reader", "talosconfig-reader"),
+        ("etcd-backup", "os:etcd:backup", "talosconfig-backup"),
+    ] {
+        let identity = ca.issue(&LeafSpec::client(&[role]).valid(now, ten_years))?;
+        write(&format!("{stem}.crt"), &identity.cert_pem)?;
+        write(&format!("{stem}.key"), &identity.key_pem)?;
+        let mut context = Context::new(
+            endpoints.clone(),
+            ca.cert_pem.as_bytes(),
+            identity.cert_pem.as_bytes(),
+            identity.key_pem.as_bytes(),
+        );
+        context.nodes = vec![endpoints[0].clone()];
+        write(config, &TalosConfig::with_context("sim", context).to_yaml())?;
+    }
+    println!(
+        "wrote an example Talos PKI and talosconfigs to {}",
+        dir.display()
+    );
+    Ok(())
+}

@@ -26,7 +26,7 @@ mod error;
 mod etcd;
 mod reply;
 mod system;
-mod transport;
+pub(crate) mod transport;
 
 use std::future::Future;
 use std::marker::PhantomData;

@@ -1,6 +1,217 @@
 //! talos-sim: simulated Talos control-plane nodes on loopback, each backed
 //! by a real etcd member, behind a Talos API front that behaves like apid and
 //! machined for the calls this crate speaks.
+//!
+//! ```no_run
+//! use talos_client::sim::{Cluster, SimConfig};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! // Three nodes on a private 127.x.y.0/24 with free ports (what tests use).
+//! let cluster = Cluster::up(SimConfig::isolated(dir.path(), 3)).await?;
+//! println!("talosconfig: {}", cluster.talosconfig_path().display());
+//! cluster.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Layout: [`cluster`] starts and stops nodes and writes the talosconfigs;
+//! [`node`] is one simulated machine (etcd process, machine config,
+//! volumes, power); the machined part answers the Talos calls and the front
+//! routes `node`/`nodes` metadata like apid. Where behaviour had to be
+//! chosen, it follows upstream and names the upstream file.
 
+mod auth;
+pub mod cluster;
+mod diff;
+pub mod etcd_client;
+pub mod etcd_process;
+mod front;
+mod machined;
+mod machined_etcd;
+pub mod node;
 pub mod pki;
+mod proxy;
 pub mod serve;
+
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use cluster::{Cluster, NodeInfo};
+
+/// Errors of the simulator.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SimError {
+    /// A file or directory operation failed.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// etcd could not be started.
+    #[error("cannot run {}: {source} (install Debian's etcd-server package or set TALOS_SIM_ETCD)", .binary.display())]
+    EtcdSpawn {
+        /// The binary tried.
+        binary: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// etcd exited while starting.
+    #[error("etcd member {name} exited ({status}); see {}", .log.display())]
+    EtcdExited {
+        /// The member.
+        name: String,
+        /// Its exit status.
+        status: String,
+        /// Its log file.
+        log: PathBuf,
+    },
+    /// etcd did not become ready in time.
+    #[error("etcd member {name} did not become ready; see {}", .log.display())]
+    EtcdNotReady {
+        /// The member.
+        name: String,
+        /// Its log file.
+        log: PathBuf,
+    },
+    /// An etcd API call failed.
+    #[error("etcd: {0}")]
+    Etcd(#[from] tonic::Status),
+    /// Certificates could not be made.
+    #[error(transparent)]
+    Pki(#[from] pki::PkiError),
+    /// A listening socket could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// TLS material was rejected.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// A talosconfig could not be written.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The request cannot be carried out in the cluster's state.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl SimError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> SimError {
+        SimError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// How to lay out a simulated cluster.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Number of control-plane nodes to start.
+    pub nodes: usize,
+    /// Directory for the talosconfigs, PKI, logs and node data.
+    pub dir: PathBuf,
+    /// Node `i` (from 1) listens on `base_ip + i`.
+    pub base_ip: Ipv4Addr,
+    /// apid port, shared by all nodes like real Talos (50000).
+    pub api_port: u16,
+    /// etcd client port on every node (2379).
+    pub etcd_client_port: u16,
+    /// etcd peer port on every node (2380).
+    pub etcd_peer_port: u16,
+    /// How long a simulated reboot keeps the node down.
+    pub boot_delay: Duration,
+    /// etcd backend quota, bytes.
+    pub quota_backend_bytes: u64,
+}
+
+/// The Talos release whose API behaviour the simulator follows.
+pub const SIMULATED_TALOS_VERSION: &str = "v1.13.9";
+
+/// The first address of the default layout: nodes are 127.0.0.11, .12, ...
+pub const DEFAULT_BASE_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 10);
+
+impl SimConfig {
+    /// The default layout: nodes at 127.0.0.11, .12, ...; Talos's and
+    /// etcd's standard ports.
+    pub fn new(dir: impl Into<PathBuf>, nodes: usize) -> SimConfig {
+        SimConfig {
+            nodes,
+            dir: dir.into(),
+            base_ip: DEFAULT_BASE_IP,
+            api_port: 50000,
+            etcd_client_port: 2379,
+            etcd_peer_port: 2380,
+            boot_delay: Duration::from_secs(2),
+            quota_backend_bytes: 8 << 30,
+        }
+    }
+
+    /// A layout that cannot collide with another simulator or service: a
+    /// random 127.a.b.0/24 and ports found free on every address it will use.
+    pub fn isolated(dir: impl Into<PathBuf>, nodes: usize) -> SimConfig {
+        loop {
+            let seed = random_u64();
+            let base_ip = Ipv4Addr::new(127, 1 + (seed % 250) as u8, (seed >> 8) as u8, 10);
+            // Room for nodes added later.
+            let addresses: Vec<Ipv4Addr> = (1..=nodes as u32 + 4)
+                .map(|i| Ipv4Addr::from(u32::from(base_ip) + i))
+                .collect();
+            let ports: Option<Vec<u16>> = (0..3).map(|_| free_port_on(&addresses)).collect();
+            if let Some(ports) = ports.filter(|p| p[0] != p[1] && p[1] != p[2] && p[0] != p[2]) {
+                return SimConfig {
+                    base_ip,
+                    api_port: ports[0],
+                    etcd_client_port: ports[1],
+                    etcd_peer_port: ports[2],
+                    boot_delay: Duration::from_millis(500),
+                    ..SimConfig::new(dir, nodes)
+                };
+            }
+        }
+    }
+
+    /// The address of node `index` (from 1).
+    pub fn node_ip(&self, index: usize) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.base_ip) + index as u32)
+    }
+}
+
+/// A port that is free on every address given (checked by binding).
+fn free_port_on(addresses: &[Ipv4Addr]) -> Option<u16> {
+    for _ in 0..20 {
+        let probe = TcpListener::bind(SocketAddrV4::new(addresses[0], 0)).ok()?;
+        let port = probe.local_addr().ok()?.port();
+        let held: Vec<_> = addresses[1..]
+            .iter()
+            .map_while(|ip| TcpListener::bind(SocketAddrV4::new(*ip, port)).ok())
+            .collect();
+        if held.len() == addresses.len() - 1 {
+            return Some(port);
+        }
+    }
+    None
+}
+
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}

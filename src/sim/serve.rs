@@ -12,13 +12,30 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
 
 use crate::tls::roles_of;
 
 /// A server-side mutual-TLS connection; tonic exposes its [`PeerInfo`] in
-/// every request's extensions.
-pub struct MtlsStream(TlsStream<TcpStream>);
+/// every request's extensions. When its cancellation token fires, reads and
+/// writes fail at once, so the connection dies like a powered-off host's.
+pub struct MtlsStream {
+    inner: TlsStream<TcpStream>,
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl MtlsStream {
+    fn check(&mut self, cx: &mut Context<'_>) -> std::io::Result<()> {
+        if self.cancelled.as_mut().poll(cx).is_ready() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "host is down",
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// Who is on the other end of a [`MtlsStream`].
 #[derive(Debug, Clone)]
@@ -33,7 +50,7 @@ impl Connected for MtlsStream {
     type ConnectInfo = PeerInfo;
 
     fn connect_info(&self) -> PeerInfo {
-        let (tcp, session) = self.0.get_ref();
+        let (tcp, session) = self.inner.get_ref();
         PeerInfo {
             remote_addr: tcp.peer_addr().ok(),
             certificates: Arc::new(
@@ -52,7 +69,8 @@ impl AsyncRead for MtlsStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        self.check(cx)?;
+        Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
@@ -62,15 +80,17 @@ impl AsyncWrite for MtlsStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        self.check(cx)?;
+        Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        self.check(cx)?;
+        Pin::new(&mut self.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -78,21 +98,24 @@ impl AsyncWrite for MtlsStream {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        self.check(cx)?;
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
+        self.inner.is_write_vectored()
     }
 }
 
 /// Accepts connections on `listener` and completes TLS handshakes
 /// concurrently; yields only connections whose handshake succeeded (a bad
 /// client certificate fails its own connection, nothing else). The accept
-/// loop ends when the returned stream is dropped.
+/// loop ends when the returned stream is dropped or `cancel` fires; `cancel`
+/// also breaks every connection accepted here.
 pub fn tls_incoming(
     listener: TcpListener,
     config: Arc<ServerConfig>,
+    cancel: CancellationToken,
 ) -> ReceiverStream<std::io::Result<MtlsStream>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
@@ -107,14 +130,20 @@ pub fn tls_incoming(
                     }
                 },
                 () = tx.closed() => return,
+                () = cancel.cancelled() => return,
             };
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
             let tx = tx.clone();
+            let cancel = cancel.clone();
             tokio::spawn(async move {
                 match acceptor.accept(tcp).await {
-                    Ok(stream) => {
-                        let _ = tx.send(Ok(MtlsStream(stream))).await;
+                    Ok(inner) => {
+                        let stream = MtlsStream {
+                            inner,
+                            cancelled: Box::pin(cancel.cancelled_owned()),
+                        };
+                        let _ = tx.send(Ok(stream)).await;
                     }
                     Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 }

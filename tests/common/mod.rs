@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod sim;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -334,9 +336,12 @@ impl TestServer {
         tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(MachineServiceServer::new(service))
-                .serve_with_incoming_shutdown(tls_incoming(listener, config), async {
-                    let _ = rx.await;
-                })
+                .serve_with_incoming_shutdown(
+                    tls_incoming(listener, config, Default::default()),
+                    async {
+                        let _ = rx.await;
+                    },
+                )
                 .await
                 .expect("server");
         });

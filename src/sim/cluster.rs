@@ -1,0 +1,764 @@
+//! Starting, changing and stopping a simulated cluster.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tonic::transport::Channel;
+
+use super::etcd_client::EtcdClient;
+use super::etcd_process::ClusterState;
+use super::front;
+use super::machined::Machined;
+use super::node::{Node, NodeLayout, Power};
+use super::pki::{Ca, LeafSpec};
+use super::serve::tls_incoming;
+use super::{SimConfig, SimError};
+use crate::api::cluster::HealthCheckProgress;
+use crate::client::transport::{Connection, Settings};
+use crate::config::{Context, TalosConfig, loader::EndpointAddr};
+use crate::tls::Credentials;
+
+/// What a simulated node is, for printing and for scripts.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeInfo {
+    /// Hostname and etcd member name.
+    pub name: String,
+    /// Address.
+    pub ip: IpAddr,
+    /// apid endpoint (`ip:port`).
+    pub api: String,
+    /// etcd client URL.
+    pub etcd_client_url: String,
+}
+
+impl NodeInfo {
+    fn of(node: &Node) -> NodeInfo {
+        NodeInfo {
+            name: node.name.clone(),
+            ip: IpAddr::V4(node.ip),
+            api: node.api_addr(),
+            etcd_client_url: node.etcd_client_url(),
+        }
+    }
+}
+
+/// State shared by every node of a cluster.
+pub(crate) struct Shared {
+    pub cfg: SimConfig,
+    ca: Ca,
+    nodes: RwLock<Vec<Arc<Node>>>,
+    /// The identity apids use to forward calls to each other.
+    proxy_identity: Credentials,
+    backends: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
+    machine_config: String,
+    add_lock: tokio::sync::Mutex<()>,
+}
+
+/// A running simulated cluster. Dropping it without
+/// [`shutdown`](Cluster::shutdown) still kills every etcd it started.
+pub struct Cluster {
+    shared: Arc<Shared>,
+}
+
+fn write_private(path: &Path, data: &[u8]) -> Result<(), SimError> {
+    crate::config::loader::write_atomic(path, data).map_err(|e| SimError::io(path, e))
+}
+
+/// Loads the CA kept in `dir/pki`, or makes and stores one.
+fn load_or_create_ca(dir: &Path) -> Result<Ca, SimError> {
+    let (crt, key) = (dir.join("pki/ca.crt"), dir.join("pki/ca.key"));
+    if crt.exists() && key.exists() {
+        let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| SimError::io(p, e));
+        return Ok(Ca::load(&read(&crt)?, &read(&key)?)?);
+    }
+    let ca = Ca::generate()?;
+    write_private(&crt, ca.cert_pem.as_bytes())?;
+    write_private(&key, ca.key_pem().as_bytes())?;
+    Ok(ca)
+}
+
+/// The machine configuration every simulated node starts with (the nodes'
+/// hostnames come from the simulator, not from this document).
+pub fn default_machine_config(cfg: &SimConfig) -> String {
+    format!(
+        "version: v1alpha1\n\
+         debug: false\n\
+         persist: true\n\
+         machine:\n  type: controlplane\n  token: talos-sim-token\n  certSANs: []\n  \
+         install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{version}\n\
+         cluster:\n  clusterName: talos-sim\n  controlPlane:\n    endpoint: https://{ip}:6443\n  \
+         etcd:\n    advertisedSubnets:\n      - 127.0.0.0/8\n",
+        version = super::SIMULATED_TALOS_VERSION,
+        ip = cfg.node_ip(1),
+    )
+}
+
+impl Cluster {
+    /// Starts a cluster: CA (kept in `dir/pki` across runs), one real etcd
+    /// member and one API front per node, and the talosconfigs
+    /// `dir/talosconfig` (admin), `dir/talosconfig-reader` and
+    /// `dir/talosconfig-backup`. Any node data from an earlier run in `dir` is
+    /// discarded: every `up` starts a fresh etcd cluster.
+    pub async fn up(cfg: SimConfig) -> Result<Cluster, SimError> {
+        std::fs::create_dir_all(&cfg.dir).map_err(|e| SimError::io(&cfg.dir, e))?;
+        let nodes_dir = cfg.dir.join("nodes");
+        if nodes_dir.exists() {
+            std::fs::remove_dir_all(&nodes_dir).map_err(|e| SimError::io(&nodes_dir, e))?;
+        }
+        let ca = load_or_create_ca(&cfg.dir)?;
+        let proxy = ca.issue(&LeafSpec::client(&["os:impersonator"]))?;
+        let proxy_identity = Credentials::from_pem(
+            ca.cert_pem.as_bytes(),
+            proxy.cert_pem.as_bytes(),
+            proxy.key_pem.as_bytes(),
+        );
+        let machine_config = default_machine_config(&cfg);
+        write_private(
+            &cfg.dir.join("controlplane.yaml"),
+            machine_config.as_bytes(),
+        )?;
+        let shared = Arc::new(Shared {
+            cfg,
+            ca,
+            nodes: RwLock::new(Vec::new()),
+            proxy_identity,
+            backends: tokio::sync::Mutex::new(HashMap::new()),
+            machine_config,
+            add_lock: tokio::sync::Mutex::new(()),
+        });
+        let cluster = Cluster { shared };
+        cluster.start_initial_nodes().await?;
+        cluster.write_talosconfigs()?;
+        Ok(cluster)
+    }
+
+    async fn start_initial_nodes(&self) -> Result<(), SimError> {
+        let shared = &self.shared;
+        let mut created = Vec::new();
+        for index in 1..=shared.cfg.nodes {
+            created.push(Arc::new(shared.create_node(index)?));
+        }
+        *shared.nodes.write().expect("nodes lock") = created.clone();
+        let initial_cluster = created
+            .iter()
+            .map(|n| format!("{}={}", n.name, n.etcd_peer_url()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let starts = created
+            .iter()
+            .map(|n| n.start_etcd(initial_cluster.clone(), ClusterState::New));
+        for result in futures::future::join_all(starts).await {
+            result?;
+        }
+        for node in &created {
+            shared.start_front(node).await?;
+        }
+        shared.wait_for_leader(Duration::from_secs(60)).await
+    }
+
+    fn write_talosconfigs(&self) -> Result<(), SimError> {
+        let shared = &self.shared;
+        let endpoints: Vec<String> = shared
+            .nodes()
+            .iter()
+            .map(|n| {
+                if n.api_port == crate::config::loader::DEFAULT_API_PORT {
+                    n.ip.to_string()
+                } else {
+                    n.api_addr()
+                }
+            })
+            .collect();
+        let first = shared.nodes()[0].ip.to_string();
+        for (file, roles) in [
+            ("talosconfig", &["os:admin"][..]),
+            ("talosconfig-reader", &["os:reader"][..]),
+            ("talosconfig-backup", &["os:etcd:backup"][..]),
+        ] {
+            let identity = shared.ca.issue(&LeafSpec::client(roles))?;
+            let mut context = Context::new(
+                endpoints.clone(),
+                shared.ca.cert_pem.as_bytes(),
+                identity.cert_pem.as_bytes(),
+                identity.key_pem.as_bytes(),
+            );
+            context.nodes = vec![first.clone()];
+            let yaml = TalosConfig::with_context("sim", context).to_yaml();
+            write_private(&shared.cfg.dir.join(file), yaml.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// The admin talosconfig.
+    pub fn talosconfig_path(&self) -> PathBuf {
+        self.shared.cfg.dir.join("talosconfig")
+    }
+
+    /// The cluster's directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.cfg.dir
+    }
+
+    /// The layout the cluster was started with.
+    pub fn config(&self) -> &SimConfig {
+        &self.shared.cfg
+    }
+
+    /// The OS CA certificate, PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.shared.ca.cert_pem
+    }
+
+    /// Issues a client certificate with the given roles from the cluster CA.
+    pub fn issue_client(&self, spec: &LeafSpec) -> Result<Credentials, SimError> {
+        let identity = self.shared.ca.issue(spec)?;
+        Ok(Credentials::from_pem(
+            self.shared.ca.cert_pem.as_bytes(),
+            identity.cert_pem.as_bytes(),
+            identity.key_pem.as_bytes(),
+        ))
+    }
+
+    /// Every node, in order.
+    pub fn nodes(&self) -> Vec<NodeInfo> {
+        self.shared
+            .nodes()
+            .iter()
+            .map(|n| NodeInfo::of(n))
+            .collect()
+    }
+
+    /// A node by name or address.
+    pub fn node(&self, target: &str) -> Option<Arc<Node>> {
+        self.shared.find(target)
+    }
+
+    /// Adds a control-plane node whose etcd joins as a learner and is
+    /// promoted to a voter once it has caught up, as Talos does.
+    pub async fn add_node(&self) -> Result<NodeInfo, SimError> {
+        self.shared.add_node().await
+    }
+
+    /// Answers `add-node` and `nodes` requests (one line each, JSON reply) on
+    /// a Unix socket (mode 0600) until the cluster shuts down.
+    pub fn serve_control(&self, socket: &Path) -> Result<(), SimError> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let _ = std::fs::remove_file(socket);
+        let listener =
+            tokio::net::UnixListener::bind(socket).map_err(|e| SimError::io(socket, e))?;
+        std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| SimError::io(socket, e))?;
+        let shared = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
+                tokio::spawn(async move { shared.answer_control(stream).await });
+            }
+        });
+        Ok(())
+    }
+
+    /// Stops every node's API and etcd.
+    pub async fn shutdown(self) {
+        let nodes = self.shared.nodes();
+        futures::future::join_all(nodes.iter().map(|n| self.shared.power_off(n))).await;
+    }
+}
+
+impl Shared {
+    async fn add_node(self: &Arc<Self>) -> Result<NodeInfo, SimError> {
+        let _one_at_a_time = self.add_lock.lock().await;
+        let index = self.nodes().len() + 1;
+        let node = Arc::new(self.create_node(index)?);
+        self.nodes.write().expect("nodes lock").push(node.clone());
+        self.join_etcd(&node).await?;
+        self.start_front(&node).await?;
+        Ok(NodeInfo::of(&node))
+    }
+
+    async fn answer_control(self: Arc<Self>, stream: tokio::net::UnixStream) {
+        use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+        let (read, mut write) = stream.into_split();
+        let mut lines = tokio::io::BufReader::new(read).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let reply = match line.trim() {
+                "add-node" => match self.add_node().await {
+                    Ok(info) => serde_json::json!({ "ok": true, "node": info }),
+                    Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }),
+                },
+                "nodes" => {
+                    let nodes: Vec<_> = self.nodes().iter().map(|n| NodeInfo::of(n)).collect();
+                    serde_json::json!({ "ok": true, "nodes": nodes })
+                }
+                other => {
+                    serde_json::json!({ "ok": false, "error": format!("unknown request {other:?}") })
+                }
+            };
+            if write
+                .write_all(format!("{reply}\n").as_bytes())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes.read().expect("nodes lock").clone()
+    }
+
+    /// A node by hostname or address.
+    pub(crate) fn find(&self, target: &str) -> Option<Arc<Node>> {
+        self.nodes()
+            .into_iter()
+            .find(|n| n.name == target || n.ip.to_string() == target)
+    }
+
+    /// Whether `target` names `node` itself.
+    pub(crate) fn is_self(&self, node: &Node, target: &str) -> bool {
+        target == node.name || target == node.ip.to_string()
+    }
+
+    fn create_node(&self, index: usize) -> Result<Node, SimError> {
+        let cfg = &self.cfg;
+        let ip = cfg.node_ip(index);
+        let name = format!("cp-{index}");
+        let cert = self.ca.issue(&LeafSpec::server(
+            &[IpAddr::V4(ip), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
+            &[name.as_str(), "localhost"],
+        ))?;
+        let server_tls = Credentials::from_pem(
+            self.ca.cert_pem.as_bytes(),
+            cert.cert_pem.as_bytes(),
+            cert.key_pem.as_bytes(),
+        )
+        .server_config()?;
+        Node::new(
+            NodeLayout {
+                index,
+                dir: cfg.dir.join("nodes").join(&name),
+                name,
+                ip,
+                api_port: cfg.api_port,
+                etcd_client_port: cfg.etcd_client_port,
+                etcd_peer_port: cfg.etcd_peer_port,
+                quota_backend_bytes: cfg.quota_backend_bytes,
+                server_tls,
+            },
+            self.machine_config.clone(),
+        )
+    }
+
+    /// etcd client URLs of the configured, powered-on nodes: what upstream's
+    /// `NewClientFromControlPlaneIPs` connects to.
+    pub(crate) fn control_plane_etcd_urls(&self) -> Vec<String> {
+        self.nodes()
+            .iter()
+            .filter(|n| n.is_configured() && n.power() == Power::On)
+            .map(|n| n.etcd_client_url())
+            .collect()
+    }
+
+    /// A channel to another node's apid, authenticated as a peer apid.
+    pub(crate) async fn backend(&self, target: &str) -> Result<Channel, Status> {
+        let unreachable = |reason: String| {
+            Status::unavailable(format!(
+                "connection error: desc = \"transport: Error while dialing: dial tcp {target}: {reason}\""
+            ))
+        };
+        let host = match self.find(target) {
+            Some(node) => node.ip.to_string(),
+            None if target.parse::<IpAddr>().is_ok() => target.to_string(),
+            None => return Err(unreachable(format!("lookup {target}: no such host"))),
+        };
+        let connection = {
+            let mut backends = self.backends.lock().await;
+            match backends.get(&host) {
+                Some(c) => c.clone(),
+                None => {
+                    let tls = self
+                        .proxy_identity
+                        .client_config()
+                        .map_err(|e| Status::internal(e.to_string()))?;
+                    let addr = EndpointAddr {
+                        host: host.clone(),
+                        port: self.cfg.api_port,
+                    };
+                    let settings = Settings {
+                        connect_timeout: Duration::from_secs(5),
+                        keepalive_interval: Duration::from_secs(30),
+                        keepalive_timeout: Duration::from_secs(20),
+                    };
+                    let c = Arc::new(Connection::new(vec![addr], tls, settings));
+                    backends.insert(host.clone(), c.clone());
+                    c
+                }
+            }
+        };
+        match connection.channel().await {
+            Ok((_, channel)) => Ok(channel),
+            Err(e) => {
+                connection.mark_failed(0).await;
+                Err(unreachable(e.to_string()))
+            }
+        }
+    }
+
+    /// Serves the node's API on its address until its power goes off.
+    pub(crate) async fn start_front(self: &Arc<Self>, node: &Arc<Node>) -> Result<(), SimError> {
+        let addr = node.api_addr();
+        let listener = bind_with_retry(&addr).await?;
+        let token = CancellationToken::new();
+        node.set_front(Some(token.clone()));
+        let machined = Machined {
+            node: node.clone(),
+            shared: self.clone(),
+        };
+        let (machine_front, cluster_front) = front::services(machined);
+        let incoming = tls_incoming(listener, node.server_tls.clone(), token.clone());
+        tokio::spawn(async move {
+            let served = tonic::transport::Server::builder()
+                .add_service(machine_front)
+                .add_service(cluster_front)
+                .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+                .await;
+            if let Err(e) = served {
+                tracing::warn!(error = %e, "node API stopped");
+            }
+        });
+        node.set_power(Power::On);
+        Ok(())
+    }
+
+    /// Powers a node off: its API stops answering (open connections break)
+    /// and etcd stops, keeping its data.
+    pub(crate) async fn power_off(&self, node: &Node) {
+        node.set_front(None);
+        node.set_power(Power::Off);
+        node.stop_etcd().await;
+    }
+
+    /// Reboots a node: down for the boot delay, then up with its persisted
+    /// (or staged) configuration.
+    pub(crate) async fn reboot(self: &Arc<Self>, node: &Arc<Node>) {
+        node.set_front(None);
+        node.set_power(Power::Rebooting);
+        node.stop_etcd().await;
+        tokio::time::sleep(self.cfg.boot_delay).await;
+        {
+            let mut state = node.config.lock().expect("config lock");
+            if let Some(rollback) = state.rollback.take() {
+                rollback.abort();
+            }
+            if let Some(persisted) = node.persisted_config() {
+                state.active = persisted;
+            }
+            state.staged = None;
+            state.rebooting = false;
+        }
+        self.boot(node).await;
+    }
+
+    /// Brings a node up: etcd from its data (or joining the cluster anew when
+    /// its data was wiped but it still has a configuration), then its API.
+    async fn boot(self: &Arc<Self>, node: &Arc<Node>) {
+        if node.is_configured() {
+            let started = if node.etcd_data_dir().join("member").exists() {
+                node.restart_etcd().await
+            } else {
+                self.join_etcd(node).await
+            };
+            if let Err(e) = started {
+                tracing::warn!(node = %node.name, error = %e, "etcd did not start after boot");
+            }
+        }
+        if let Err(e) = self.start_front(node).await {
+            tracing::warn!(node = %node.name, error = %e, "node API did not start after boot");
+        }
+    }
+
+    /// The reset sequence, after the call has been answered: leave etcd when
+    /// graceful (abort if that fails), stop, wipe, then power off or reboot.
+    pub(crate) async fn reset(
+        self: &Arc<Self>,
+        node: &Arc<Node>,
+        graceful: bool,
+        reboot: bool,
+        labels: &[String],
+    ) {
+        let _one_reset = node.reset_lock.lock().await;
+        if graceful
+            && node.etcd_running().await
+            && let Err(status) = super::machined_etcd::leave_cluster(node, self).await
+        {
+            tracing::warn!(node = %node.name, error = %status.message(), "reset aborted: leaving etcd failed");
+            return;
+        }
+        node.set_front(None);
+        node.set_power(Power::Rebooting);
+        node.stop_etcd().await;
+        for label in labels {
+            if let Err(e) = node.wipe(label) {
+                tracing::warn!(node = %node.name, %label, error = %e, "wipe failed");
+            }
+        }
+        if reboot {
+            tokio::time::sleep(self.cfg.boot_delay).await;
+            self.boot(node).await;
+        } else {
+            node.set_power(Power::Off);
+        }
+    }
+
+    /// Adds `node` to the etcd cluster as a learner, starts its member, and
+    /// promotes it once it has caught up (in the background).
+    async fn join_etcd(self: &Arc<Self>, node: &Arc<Node>) -> Result<(), SimError> {
+        let peers: Vec<String> = self
+            .nodes()
+            .iter()
+            .filter(|n| n.name != node.name && n.is_configured() && n.power() == Power::On)
+            .map(|n| n.etcd_client_url())
+            .collect();
+        if peers.is_empty() {
+            return Err(SimError::Refused("no running etcd member to join".into()));
+        }
+        let client = EtcdClient::connect(&peers).await?;
+        // etcd refuses new members until the cluster has been fully connected
+        // for a few seconds ("unhealthy cluster"); Talos retries the same way.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let member = loop {
+            match client.member_add(&node.etcd_peer_url(), true).await {
+                Ok(member) => break member,
+                Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(s) => return Err(s.into()),
+            }
+        };
+        let initial_cluster = client
+            .member_list()
+            .await?
+            .into_iter()
+            .filter_map(|m| {
+                let name = if m.id == member.id {
+                    node.name.clone()
+                } else {
+                    m.name.clone()
+                };
+                m.peer_ur_ls.first().map(|url| format!("{name}={url}"))
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        node.start_etcd(initial_cluster, ClusterState::Existing)
+            .await?;
+        let name = node.name.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while Instant::now() < deadline {
+                match client.member_promote(member.id).await {
+                    Ok(()) => {
+                        tracing::info!(node = %name, "learner promoted to voting member");
+                        return;
+                    }
+                    Err(s) if s.message().contains("not a learner") => return,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Starts etcd on a node without data: a new single-member cluster, or
+    /// one restored from the snapshot uploaded with EtcdRecover.
+    pub(crate) async fn bootstrap(
+        &self,
+        node: &Node,
+        recover: bool,
+        skip_hash_check: bool,
+    ) -> Result<(), Status> {
+        let data = node.etcd_data_dir();
+        if std::fs::read_dir(&data)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
+        {
+            return Err(Status::already_exists("etcd data directory is not empty"));
+        }
+        let initial_cluster = format!("{}={}", node.name, node.etcd_peer_url());
+        if recover {
+            let snapshot = node.recovery_snapshot_path();
+            if !snapshot.exists() {
+                return Err(Status::failed_precondition(
+                    "no etcd snapshot was uploaded for recovery",
+                ));
+            }
+            super::etcd_process::restore_snapshot(
+                &snapshot,
+                node,
+                &initial_cluster,
+                skip_hash_check,
+            )
+            .await
+            .map_err(|e| Status::unknown(format!("failed to recover etcd: {e}")))?;
+        }
+        node.start_etcd(initial_cluster, ClusterState::New)
+            .await
+            .map_err(|e| Status::unknown(e.to_string()))
+    }
+
+    async fn wait_for_leader(&self, timeout: Duration) -> Result<(), SimError> {
+        let deadline = Instant::now() + timeout;
+        let urls = self.control_plane_etcd_urls();
+        let client = EtcdClient::connect(&urls).await?;
+        loop {
+            let mut leaders = Vec::new();
+            for url in &urls {
+                if let Ok(status) = client.status(url).await {
+                    leaders.push(status.leader);
+                }
+            }
+            if leaders.len() == urls.len() && leaders.iter().all(|l| *l != 0 && *l == leaders[0]) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(SimError::Refused("etcd elected no leader in time".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Streams the server-side health checks: every running control-plane
+    /// node's etcd answers, all see the same members, and the members are
+    /// exactly the control-plane nodes. Each check is retried until `wait`.
+    pub(crate) async fn health_check(
+        &self,
+        wait: Duration,
+        tx: tokio::sync::mpsc::Sender<Result<HealthCheckProgress, Status>>,
+    ) {
+        let progress = |message: String| {
+            Ok(HealthCheckProgress {
+                metadata: None,
+                message,
+            })
+        };
+        let deadline = Instant::now() + wait;
+        let nodes: Vec<_> = self
+            .nodes()
+            .into_iter()
+            .filter(|n| n.is_configured() && n.power() == Power::On)
+            .collect();
+        let names: Vec<_> = nodes.iter().map(|n| n.name.clone()).collect();
+        let _ = tx
+            .send(progress(format!(
+                "discovered nodes: control plane: {names:?}"
+            )))
+            .await;
+        for check in [
+            "etcd to be healthy",
+            "etcd members to be consistent across nodes",
+            "etcd members to be control plane nodes",
+        ] {
+            let _ = tx.send(progress(format!("waiting for {check}"))).await;
+            loop {
+                let outcome = self.health_step(check, &nodes).await;
+                match outcome {
+                    Ok(()) => {
+                        let _ = tx.send(progress(format!("waiting for {check}: OK"))).await;
+                        break;
+                    }
+                    Err(reason) if Instant::now() >= deadline => {
+                        let _ = tx
+                            .send(Err(Status::deadline_exceeded(format!(
+                                "waiting for {check}: {reason}"
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+                }
+            }
+        }
+    }
+
+    async fn health_step(&self, check: &str, nodes: &[Arc<Node>]) -> Result<(), String> {
+        let mut lists = Vec::new();
+        for node in nodes {
+            let (client, url) = node
+                .local_etcd("health")
+                .await
+                .map_err(|s| format!("{}: {}", node.name, s.message()))?;
+            if check == "etcd to be healthy" {
+                client
+                    .status(&url)
+                    .await
+                    .map_err(|s| format!("{}: {}", node.name, s.message()))?;
+                continue;
+            }
+            let mut members: Vec<String> = client
+                .member_list()
+                .await
+                .map_err(|s| format!("{}: {}", node.name, s.message()))?
+                .into_iter()
+                .map(|m| m.name)
+                .collect();
+            members.sort();
+            lists.push(members);
+        }
+        match check {
+            "etcd members to be consistent across nodes"
+                if lists.windows(2).any(|w| w[0] != w[1]) =>
+            {
+                Err(format!("member lists differ: {lists:?}"))
+            }
+            "etcd members to be control plane nodes" => {
+                let mut expected: Vec<_> = nodes.iter().map(|n| n.name.clone()).collect();
+                expected.sort();
+                match lists.first() {
+                    Some(members) if *members != expected => Err(format!(
+                        "members {members:?}, control plane nodes {expected:?}"
+                    )),
+                    _ => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Binds the API address, retrying briefly while a previous listener of the
+/// same node is still closing.
+async fn bind_with_retry(addr: &str) -> Result<tokio::net::TcpListener, SimError> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(source) => {
+                return Err(SimError::Bind {
+                    addr: addr.to_string(),
+                    source,
+                });
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    /// Without a [`Cluster::shutdown`], the APIs stop and every etcd is
+    /// killed here, so a failing test leaves no process behind.
+    fn drop(&mut self) {
+        for node in self.shared.nodes() {
+            node.set_front(None);
+            node.kill_etcd_now();
+        }
+    }
+}

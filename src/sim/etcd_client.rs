@@ -1,0 +1,241 @@
+//! A small etcd v3 client over the generated `etcdserverpb` stubs, used by
+//! the simulated nodes to drive their real etcd members.
+
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+use crate::api::etcdserverpb::cluster_client::ClusterClient;
+use crate::api::etcdserverpb::kv_client::KvClient;
+use crate::api::etcdserverpb::maintenance_client::MaintenanceClient;
+use crate::api::etcdserverpb::{
+    self as pb, AlarmMember, AlarmRequest, DefragmentRequest, Member, MemberAddRequest,
+    MemberListRequest, MemberPromoteRequest, MemberRemoveRequest, MoveLeaderRequest, PutRequest,
+    SnapshotRequest, StatusRequest, StatusResponse,
+};
+
+/// Timeout of one etcd request.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Channels to one or more etcd members, tried in order.
+#[derive(Clone)]
+pub struct EtcdClient {
+    members: Vec<(String, Channel)>,
+}
+
+fn channel(url: &str) -> Result<Channel, tonic::Status> {
+    Ok(Endpoint::from_shared(url.to_string())
+        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(CALL_TIMEOUT)
+        .connect_lazy())
+}
+
+fn with_timeout<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(CALL_TIMEOUT);
+    request
+}
+
+impl EtcdClient {
+    /// A client for the members at `urls` (`http://ip:port`).
+    pub async fn connect(urls: &[String]) -> Result<EtcdClient, tonic::Status> {
+        let members = urls
+            .iter()
+            .map(|url| Ok((url.clone(), channel(url)?)))
+            .collect::<Result<_, tonic::Status>>()?;
+        Ok(EtcdClient { members })
+    }
+
+    fn channel_for(&self, url: &str) -> Result<Channel, tonic::Status> {
+        match self.members.iter().find(|(u, _)| u == url) {
+            Some((_, ch)) => Ok(ch.clone()),
+            None => channel(url),
+        }
+    }
+
+    /// Runs `call` against each member in turn until one answers without
+    /// `Unavailable`.
+    async fn first_answer<T, F, Fut>(&self, call: F) -> Result<T, tonic::Status>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let mut last = tonic::Status::unavailable("no etcd endpoints");
+        for (_, ch) in &self.members {
+            match call(ch.clone()).await {
+                Err(status) if status.code() == tonic::Code::Unavailable => last = status,
+                other => return other,
+            }
+        }
+        Err(last)
+    }
+
+    /// Lists the members, as the first reachable member sees them.
+    pub async fn member_list(&self) -> Result<Vec<Member>, tonic::Status> {
+        self.first_answer(|ch| async move {
+            let resp = ClusterClient::new(ch)
+                .member_list(with_timeout(MemberListRequest {
+                    linearizable: false,
+                }))
+                .await?;
+            Ok(resp.into_inner().members)
+        })
+        .await
+    }
+
+    /// Adds a member (as a learner when asked); returns the new member.
+    pub async fn member_add(&self, peer_url: &str, learner: bool) -> Result<Member, tonic::Status> {
+        self.first_answer(|ch| async move {
+            let resp = ClusterClient::new(ch)
+                .member_add(with_timeout(MemberAddRequest {
+                    peer_ur_ls: vec![peer_url.to_string()],
+                    is_learner: learner,
+                }))
+                .await?
+                .into_inner();
+            resp.member
+                .ok_or_else(|| tonic::Status::internal("MemberAdd returned no member"))
+        })
+        .await
+    }
+
+    /// Removes a member by id.
+    pub async fn member_remove(&self, id: u64) -> Result<(), tonic::Status> {
+        self.first_answer(|ch| async move {
+            ClusterClient::new(ch)
+                .member_remove(with_timeout(MemberRemoveRequest { id }))
+                .await
+                .map(drop)
+        })
+        .await
+    }
+
+    /// Promotes a learner to a voting member.
+    pub async fn member_promote(&self, id: u64) -> Result<(), tonic::Status> {
+        self.first_answer(|ch| async move {
+            ClusterClient::new(ch)
+                .member_promote(with_timeout(MemberPromoteRequest { id }))
+                .await
+                .map(drop)
+        })
+        .await
+    }
+
+    /// Status of the member at `url`.
+    pub async fn status(&self, url: &str) -> Result<StatusResponse, tonic::Status> {
+        let resp = MaintenanceClient::new(self.channel_for(url)?)
+            .status(with_timeout(StatusRequest {}))
+            .await?;
+        Ok(resp.into_inner())
+    }
+
+    /// Lists active alarms (cluster-wide).
+    pub async fn alarm_list(&self) -> Result<Vec<AlarmMember>, tonic::Status> {
+        self.first_answer(|ch| async move {
+            let resp = MaintenanceClient::new(ch)
+                .alarm(with_timeout(AlarmRequest {
+                    action: pb::alarm_request::AlarmAction::Get as i32,
+                    member_id: 0,
+                    alarm: pb::AlarmType::None as i32,
+                }))
+                .await?;
+            Ok(resp.into_inner().alarms)
+        })
+        .await
+    }
+
+    /// Raises an alarm on a member (for tests and demonstrations).
+    pub async fn alarm_activate(
+        &self,
+        member_id: u64,
+        alarm: pb::AlarmType,
+    ) -> Result<(), tonic::Status> {
+        self.first_answer(|ch| async move {
+            MaintenanceClient::new(ch)
+                .alarm(with_timeout(AlarmRequest {
+                    action: pb::alarm_request::AlarmAction::Activate as i32,
+                    member_id,
+                    alarm: alarm as i32,
+                }))
+                .await
+                .map(drop)
+        })
+        .await
+    }
+
+    /// Disarms every active alarm; returns the alarms that were disarmed.
+    pub async fn alarm_disarm_all(&self) -> Result<Vec<AlarmMember>, tonic::Status> {
+        let mut disarmed = Vec::new();
+        for alarm in self.alarm_list().await? {
+            let resp = self
+                .first_answer(|ch| async move {
+                    MaintenanceClient::new(ch)
+                        .alarm(with_timeout(AlarmRequest {
+                            action: pb::alarm_request::AlarmAction::Deactivate as i32,
+                            member_id: alarm.member_id,
+                            alarm: alarm.alarm,
+                        }))
+                        .await
+                })
+                .await?;
+            disarmed.extend(resp.into_inner().alarms);
+        }
+        Ok(disarmed)
+    }
+
+    /// Defragments the member at `url`.
+    pub async fn defragment(&self, url: &str) -> Result<(), tonic::Status> {
+        let mut request = tonic::Request::new(DefragmentRequest {});
+        request.set_timeout(Duration::from_secs(300));
+        MaintenanceClient::new(self.channel_for(url)?)
+            .defragment(request)
+            .await
+            .map(drop)
+    }
+
+    /// Streams a snapshot of the member at `url` (etcd appends a sha256
+    /// trailer to the database bytes).
+    pub async fn snapshot(
+        &self,
+        url: &str,
+    ) -> Result<tonic::Streaming<pb::SnapshotResponse>, tonic::Status> {
+        // No deadline: a snapshot takes as long as it takes.
+        let channel = Endpoint::from_shared(url.to_string())
+            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
+            .connect_timeout(Duration::from_secs(2))
+            .connect_lazy();
+        let resp = MaintenanceClient::new(channel)
+            .max_decoding_message_size(64 << 20)
+            .snapshot(SnapshotRequest {})
+            .await?;
+        Ok(resp.into_inner())
+    }
+
+    /// Asks the leader at `leader_url` to hand leadership to `target`.
+    pub async fn move_leader(&self, leader_url: &str, target: u64) -> Result<(), tonic::Status> {
+        MaintenanceClient::new(self.channel_for(leader_url)?)
+            .move_leader(with_timeout(MoveLeaderRequest { target_id: target }))
+            .await
+            .map(drop)
+    }
+
+    /// Writes a key.
+    pub async fn put(&self, key: Vec<u8>, value: Vec<u8>) -> Result<(), tonic::Status> {
+        self.first_answer(|ch| {
+            let (key, value) = (key.clone(), value.clone());
+            async move {
+                KvClient::new(ch)
+                    .max_encoding_message_size(64 << 20)
+                    .put(with_timeout(PutRequest {
+                        key,
+                        value,
+                        lease: 0,
+                    }))
+                    .await
+                    .map(drop)
+            }
+        })
+        .await
+    }
+}

@@ -1,0 +1,264 @@
+//! The apid front of a simulated node: authenticates the caller, then routes
+//! by gRPC metadata as siderolabs/talos
+//! internal/app/apid/pkg/director/director.go does:
+//!
+//! - `proxyfrom` present (a peer apid forwarded the call) or no routing
+//!   metadata: the local node answers;
+//! - `node: X`: forwarded verbatim to X's apid (X's answer, unchanged);
+//! - `nodes: X, Y, ...`: sent to each and merged (see [`super::proxy`]).
+
+use std::convert::Infallible;
+use std::marker::PhantomData;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http_body_util::{BodyExt as _, Full};
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::{Code, Status};
+use tower::ServiceExt as _;
+
+use super::auth::{CallerRoles, IMPERSONATOR};
+use super::machined::Machined;
+use super::proxy::{self, MethodKind};
+use super::serve::PeerInfo;
+use crate::api::cluster::cluster_service_server::ClusterServiceServer;
+use crate::api::machine::machine_service_server::MachineServiceServer;
+use crate::client::MAX_MESSAGE_SIZE;
+
+/// Metadata carrying the caller's roles between apids.
+const ROLE_KEY: &str = "talos-role";
+
+/// The front service; `S` only selects the gRPC service name it is
+/// registered under (tonic routes by name).
+pub(crate) struct Front<S> {
+    machined: Machined,
+    _service: PhantomData<fn() -> S>,
+}
+
+impl<S> Clone for Front<S> {
+    fn clone(&self) -> Self {
+        Front {
+            machined: self.machined.clone(),
+            _service: PhantomData,
+        }
+    }
+}
+
+impl<S> Front<S> {
+    pub(crate) fn new(machined: Machined) -> Self {
+        Front {
+            machined,
+            _service: PhantomData,
+        }
+    }
+}
+
+/// Registers the front as `machine.MachineService`.
+pub(crate) struct MachineName;
+/// Registers the front as `cluster.ClusterService`.
+pub(crate) struct ClusterName;
+
+impl NamedService for Front<MachineName> {
+    const NAME: &'static str = "machine.MachineService";
+}
+
+impl NamedService for Front<ClusterName> {
+    const NAME: &'static str = "cluster.ClusterService";
+}
+
+impl<S: Send + 'static> tower::Service<http::Request<Body>> for Front<S> {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let machined = self.machined.clone();
+        Box::pin(async move { Ok(route(machined, request).await) })
+    }
+}
+
+fn header_values(request: &http::Request<Body>, key: &str) -> Vec<String> {
+    request
+        .headers()
+        .get_all(key)
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect()
+}
+
+/// The caller's roles: its certificate's Organization values, or, for a
+/// peer apid holding the impersonator role, the roles it forwarded
+/// (upstream's authz.Injector in Enabled mode).
+fn caller_roles(request: &http::Request<Body>) -> Vec<String> {
+    let certificate_roles = request
+        .extensions()
+        .get::<PeerInfo>()
+        .and_then(|peer| {
+            peer.certificates
+                .first()
+                .and_then(|c| crate::tls::roles_of(c).ok())
+        })
+        .unwrap_or_default();
+    if certificate_roles.iter().any(|r| r == IMPERSONATOR) {
+        let forwarded = header_values(request, ROLE_KEY);
+        if !forwarded.is_empty() {
+            return forwarded;
+        }
+    }
+    certificate_roles
+}
+
+async fn route(machined: Machined, mut request: http::Request<Body>) -> http::Response<Body> {
+    let roles = caller_roles(&request);
+    if request.headers().contains_key("proxyfrom") {
+        return local(&machined, request, roles).await;
+    }
+    let nodes = header_values(&request, "nodes");
+    let node = header_values(&request, "node");
+    if node.len() > 1 {
+        return Status::invalid_argument("node metadata must be single-valued").into_http();
+    }
+    if !nodes.is_empty() {
+        return one_to_many(&machined, request, nodes, roles).await;
+    }
+    match node.first() {
+        Some(target) if !machined.shared.is_self(&machined.node, target) => {
+            prepare_forward(&machined, &mut request, &roles);
+            forward(&machined, target, request)
+                .await
+                .unwrap_or_else(Status::into_http)
+        }
+        _ => local(&machined, request, roles).await,
+    }
+}
+
+/// Answers on this node: machined checks the roles.
+async fn local(
+    machined: &Machined,
+    mut request: http::Request<Body>,
+    roles: Vec<String>,
+) -> http::Response<Body> {
+    request.extensions_mut().insert(CallerRoles(roles));
+    let path = request.uri().path().to_string();
+    let result = if path.starts_with("/cluster.ClusterService/") {
+        ClusterServiceServer::new(machined.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .oneshot(request)
+            .await
+    } else {
+        MachineServiceServer::new(machined.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+            .oneshot(request)
+            .await
+    };
+    match result {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// Marks a request as forwarded by this apid, with the caller's roles, as
+/// upstream's backend.APID.GetConnection does.
+fn prepare_forward(machined: &Machined, request: &mut http::Request<Body>, roles: &[String]) {
+    let headers = request.headers_mut();
+    headers.remove("node");
+    headers.remove("nodes");
+    headers.remove(ROLE_KEY);
+    if let Ok(from) = http::HeaderValue::from_str(&machined.node.ip.to_string()) {
+        headers.insert("proxyfrom", from);
+    }
+    for role in roles {
+        if let Ok(value) = http::HeaderValue::from_str(role) {
+            headers.append(ROLE_KEY, value);
+        }
+    }
+}
+
+/// Sends a request to another node's apid and returns its answer as is.
+async fn forward(
+    machined: &Machined,
+    target: &str,
+    request: http::Request<Body>,
+) -> Result<http::Response<Body>, Status> {
+    let channel = machined.shared.backend(target).await?;
+    channel.oneshot(request).await.map_err(|e| {
+        Status::unavailable(format!(
+            "connection error: desc = \"transport: Error while dialing: {target}: {e}\""
+        ))
+    })
+}
+
+async fn one_to_many(
+    machined: &Machined,
+    request: http::Request<Body>,
+    targets: Vec<String>,
+    roles: Vec<String>,
+) -> http::Response<Body> {
+    let path = request.uri().path().to_string();
+    if !(path.starts_with("/machine.MachineService/")
+        || path.starts_with("/cluster.ClusterService/"))
+    {
+        return Status::invalid_argument(format!(
+            "one-2-many proxying is not supported for method {path}"
+        ))
+        .into_http();
+    }
+    let kind = proxy::method_kind(&path);
+    if kind == MethodKind::ClientStreaming {
+        return Status::unimplemented(format!(
+            "one-2-many proxying of client streams is not supported for method {path}"
+        ))
+        .into_http();
+    }
+    let (parts, body) = request.into_parts();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => return Status::new(Code::Internal, e.to_string()).into_http(),
+    };
+    let copy_for = |target: &str| {
+        let mut request =
+            http::Request::from_parts(parts.clone(), Body::new(Full::new(body.clone())));
+        *request.extensions_mut() = http::Extensions::new();
+        prepare_forward(machined, &mut request, &roles);
+        (target.to_string(), request)
+    };
+    let requests: Vec<_> = targets.iter().map(|t| copy_for(t)).collect();
+    match kind {
+        MethodKind::ServerStreaming => {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+            for (target, request) in requests {
+                let machined = machined.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let response = forward(&machined, &target, request).await;
+                    proxy::pump_stream(target, response, tx).await;
+                });
+            }
+            drop(tx);
+            proxy::grpc_response(tokio_stream::wrappers::ReceiverStream::new(rx))
+        }
+        _ => {
+            let calls = requests.into_iter().map(|(target, request)| async move {
+                let outcome = match forward(machined, &target, request).await {
+                    Ok(response) => proxy::read_unary(response).await,
+                    Err(status) => Err(status),
+                };
+                proxy::unary_part(&target, outcome)
+            });
+            let merged: Vec<u8> = futures::future::join_all(calls).await.concat();
+            proxy::grpc_response(futures::stream::once(async move { proxy::frame(&merged) }))
+        }
+    }
+}
+
+/// The front services for one node, sharing its machined.
+pub(crate) fn services(machined: Machined) -> (Front<MachineName>, Front<ClusterName>) {
+    (Front::new(machined.clone()), Front::new(machined))
+}

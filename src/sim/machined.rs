@@ -1,0 +1,575 @@
+//! The machined side of a simulated node: the Talos calls, answered from the
+//! node's real etcd member and simulated machine state. Behaviour follows
+//! siderolabs/talos internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tonic::{Request, Response, Status};
+
+use super::auth::authorize;
+use super::cluster::Shared;
+use super::diff;
+use super::machined_etcd as etcd;
+use super::node::{Node, SYSTEM_VOLUMES};
+use crate::api::cluster::cluster_service_server::ClusterService;
+use crate::api::cluster::{HealthCheckProgress, HealthCheckRequest};
+use crate::api::machine::machine_service_server::MachineService;
+use crate::api::machine::{self, apply_configuration_request::Mode};
+use crate::api::{common, machine::reset_request::WipeMode};
+
+type BoxStream<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
+
+/// The rollback delay of a TRY apply when the request sets none
+/// (constants.ConfigTryTimeout upstream).
+pub(crate) const DEFAULT_TRY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long an accepted reboot, shutdown or reset waits before the node
+/// goes down, so the answer reaches the caller first.
+const ACTION_DELAY: Duration = Duration::from_millis(200);
+
+/// One node's Talos API implementation.
+#[derive(Clone)]
+pub(crate) struct Machined {
+    pub node: Arc<Node>,
+    pub shared: Arc<Shared>,
+}
+
+fn one<T>(message: T) -> Result<Response<T>, Status> {
+    Ok(Response::new(message))
+}
+
+fn actor_id() -> String {
+    let a = super::random_u64();
+    let b = super::random_u64();
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xfff,
+        0x8000 | (b >> 48) & 0x3fff,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+impl Machined {
+    async fn etcd_service(&self) -> machine::ServiceInfo {
+        let running = self.node.etcd_running().await;
+        let healthy = running && etcd::status(&self.node).await.is_ok();
+        let events = self.node.etcd_events();
+        let last = events.last().map(|e| e.at);
+        machine::ServiceInfo {
+            id: "etcd".into(),
+            state: if running { "Running" } else { "Finished" }.into(),
+            events: Some(machine::ServiceEvents {
+                events: events
+                    .into_iter()
+                    .map(|e| machine::ServiceEvent {
+                        msg: e.message,
+                        state: e.state,
+                        ts: Some(timestamp(e.at)),
+                    })
+                    .collect(),
+            }),
+            health: Some(machine::ServiceHealth {
+                unknown: !running,
+                healthy,
+                last_message: if running && !healthy {
+                    "etcd does not answer".into()
+                } else {
+                    String::new()
+                },
+                last_change: last.map(timestamp),
+            }),
+        }
+    }
+
+    fn static_service(id: &str) -> machine::ServiceInfo {
+        machine::ServiceInfo {
+            id: id.into(),
+            state: "Running".into(),
+            events: Some(machine::ServiceEvents::default()),
+            health: Some(machine::ServiceHealth {
+                unknown: false,
+                healthy: true,
+                last_message: String::new(),
+                last_change: None,
+            }),
+        }
+    }
+
+    /// Validates a reset request like upstream's Reset handler; returns the
+    /// volume labels to wipe.
+    fn reset_targets(&self, request: &machine::ResetRequest) -> Result<Vec<String>, Status> {
+        let mode = WipeMode::try_from(request.mode).unwrap_or(WipeMode::All);
+        if !request.user_disks_to_wipe.is_empty() {
+            if mode == WipeMode::SystemDisk {
+                return Err(Status::unknown(
+                    "reset failed: invalid input, wipe mode SYSTEM_DISK doesn't support UserDisksToWipe parameter",
+                ));
+            }
+            // A simulated node has no user disks.
+            let device = &request.user_disks_to_wipe[0];
+            return Err(Status::unknown(format!(
+                "reset user disk failed: device {device} wasn't found"
+            )));
+        }
+        if !request.system_partitions_to_wipe.is_empty() {
+            if mode == WipeMode::UserDisks {
+                return Err(Status::unknown(
+                    "reset failed: invalid input, wipe mode USER_DISKS doesn't support SystemPartitionsToWipe parameter",
+                ));
+            }
+            let mut targets = Vec::new();
+            for spec in &request.system_partitions_to_wipe {
+                if !SYSTEM_VOLUMES.contains(&spec.label.as_str()) {
+                    return Err(Status::unknown(format!(
+                        "failed to get volume status with label {:?}: resource VolumeStatuses.block.talos.dev(runtime/{}@undefined) doesn't exist",
+                        spec.label, spec.label
+                    )));
+                }
+                if spec.wipe {
+                    targets.push(spec.label.clone());
+                }
+            }
+            return Ok(targets);
+        }
+        Ok(match mode {
+            WipeMode::UserDisks => Vec::new(),
+            _ => SYSTEM_VOLUMES.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    /// Applies a validated configuration in `mode`; returns the details line.
+    fn apply(&self, config: String, mode: Mode, try_timeout: Duration) -> Result<String, Status> {
+        let node = &self.node;
+        let mut state = node.config.lock().expect("config lock");
+        if mode != Mode::Try
+            && let Some(rollback) = state.rollback.take()
+        {
+            // A later non-TRY apply confirms the tried configuration.
+            rollback.abort();
+        }
+        let persist = |yaml: &str| {
+            node.persist_config(yaml)
+                .map_err(|e| Status::internal(format!("failed to persist config: {e}")))
+        };
+        Ok(match mode {
+            Mode::Try => {
+                if let Some(previous) = state.rollback.take() {
+                    previous.abort();
+                }
+                state.active = config;
+                let task = tokio::spawn(roll_back_after(node.clone(), try_timeout));
+                state.rollback = Some(task.abort_handle());
+                format!(
+                    "Applied configuration without a reboot\nThe config is applied in 'try' mode and will be automatically reverted back in {}",
+                    diff::go_duration(try_timeout)
+                )
+            }
+            Mode::NoReboot | Mode::Auto => {
+                persist(&config)?;
+                state.active = config;
+                state.staged = None;
+                "Applied configuration without a reboot".into()
+            }
+            Mode::Staged => {
+                persist(&config)?;
+                state.staged = Some(config);
+                "Staged configuration to be applied after the next reboot".into()
+            }
+            Mode::Reboot => {
+                persist(&config)?;
+                state.staged = Some(config);
+                state.rebooting = true;
+                let shared = self.shared.clone();
+                let node = node.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(ACTION_DELAY).await;
+                    shared.reboot(&node).await;
+                });
+                "Applied configuration with a reboot".into()
+            }
+        })
+    }
+}
+
+/// Restores the persisted configuration when a TRY apply was not confirmed
+/// in time (upstream's RollbackToConfigAfter).
+async fn roll_back_after(node: Arc<Node>, timeout: Duration) {
+    tokio::time::sleep(timeout).await;
+    let persisted = node.persisted_config();
+    let mut state = node.config.lock().expect("config lock");
+    if let Some(persisted) = persisted {
+        tracing::info!(node = %node.name, "rolling back the configuration applied in try mode");
+        state.active = persisted;
+    }
+    state.rollback = None;
+}
+
+#[tonic::async_trait]
+impl MachineService for Machined {
+    async fn version(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::VersionResponse>, Status> {
+        authorize(&request, "Version")?;
+        one(machine::VersionResponse {
+            messages: vec![machine::Version {
+                metadata: None,
+                version: Some(machine::VersionInfo {
+                    tag: super::SIMULATED_TALOS_VERSION.into(),
+                    sha: "talos-sim".into(),
+                    built: String::new(),
+                    go_version: format!("talos-sim {}", env!("CARGO_PKG_VERSION")),
+                    os: "linux".into(),
+                    arch: go_arch().into(),
+                }),
+                platform: Some(machine::PlatformInfo {
+                    name: "talos-sim".into(),
+                    mode: "container".into(),
+                }),
+                features: self
+                    .node
+                    .is_configured()
+                    .then_some(machine::FeaturesInfo { rbac: true }),
+            }],
+        })
+    }
+
+    async fn hostname(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::HostnameResponse>, Status> {
+        authorize(&request, "Hostname")?;
+        one(machine::HostnameResponse {
+            messages: vec![machine::Hostname {
+                metadata: None,
+                hostname: self.node.name.clone(),
+            }],
+        })
+    }
+
+    async fn service_list(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::ServiceListResponse>, Status> {
+        authorize(&request, "ServiceList")?;
+        let mut services = vec![Self::static_service("apid")];
+        if self.node.is_configured() {
+            services.push(self.etcd_service().await);
+        }
+        services.push(Self::static_service("machined"));
+        services.push(Self::static_service("trustd"));
+        one(machine::ServiceListResponse {
+            messages: vec![machine::ServiceList {
+                metadata: None,
+                services,
+            }],
+        })
+    }
+
+    async fn apply_configuration(
+        &self,
+        request: Request<machine::ApplyConfigurationRequest>,
+    ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
+        authorize(&request, "ApplyConfiguration")?;
+        let _guard = self.node.apply_lock.try_lock().map_err(|_| {
+            Status::failed_precondition("another apply configuration is already in progress")
+        })?;
+        if self.node.config.lock().expect("config lock").rebooting {
+            return Err(Status::failed_precondition(
+                "configuration was already applied and node is rebooting, cannot apply more configuration changes until next reboot",
+            ));
+        }
+        let request = request.into_inner();
+        let mode = Mode::try_from(request.mode).map_err(|_| {
+            Status::invalid_argument(format!("unknown apply mode {}", request.mode))
+        })?;
+        let config = diff::normalize(&request.data)?;
+        // A simulated node can always apply without a reboot, so AUTO is
+        // reported as NO_REBOOT (as Talos 1.14 reports the mode it chose).
+        let (mode, details) = match mode {
+            Mode::Auto | Mode::NoReboot => {
+                (Mode::NoReboot, "Applied configuration without a reboot")
+            }
+            Mode::Try => (Mode::Try, "Applied configuration without a reboot"),
+            Mode::Staged => (
+                Mode::Staged,
+                "Staged configuration to be applied after the next reboot",
+            ),
+            Mode::Reboot => (Mode::Reboot, "Applied configuration with a reboot"),
+        };
+        if request.dry_run {
+            // Unlike upstream (bug 14343), a dry run never confirms or
+            // cancels a pending TRY rollback.
+            let active = self.node.config.lock().expect("config lock").active.clone();
+            let old = diff::normalize(active.as_bytes()).unwrap_or(active);
+            let mut changes = diff::unified(&old, &config);
+            if changes.is_empty() {
+                changes = "No changes.".into();
+            }
+            return one(machine::ApplyConfigurationResponse {
+                messages: vec![machine::ApplyConfiguration {
+                    metadata: None,
+                    warnings: vec![],
+                    mode: mode as i32,
+                    mode_details: format!(
+                        "Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{changes}"
+                    ),
+                }],
+            });
+        }
+        let try_timeout = request
+            .try_mode_timeout
+            .and_then(|d| Duration::try_from(d).ok())
+            .filter(|d| !d.is_zero())
+            .unwrap_or(DEFAULT_TRY_TIMEOUT);
+        let mode_details = self.apply(config, mode, try_timeout)?;
+        one(machine::ApplyConfigurationResponse {
+            messages: vec![machine::ApplyConfiguration {
+                metadata: None,
+                warnings: vec![],
+                mode: mode as i32,
+                mode_details,
+            }],
+        })
+    }
+
+    async fn reset(
+        &self,
+        request: Request<machine::ResetRequest>,
+    ) -> Result<Response<machine::ResetResponse>, Status> {
+        authorize(&request, "Reset")?;
+        let request = request.into_inner();
+        let targets = self.reset_targets(&request)?;
+        let actor = actor_id();
+        let (shared, node) = (self.shared.clone(), self.node.clone());
+        // Like upstream, the reset sequence runs after the call returns.
+        tokio::spawn(async move {
+            tokio::time::sleep(ACTION_DELAY).await;
+            shared
+                .reset(&node, request.graceful, request.reboot, &targets)
+                .await;
+        });
+        one(machine::ResetResponse {
+            messages: vec![machine::Reset {
+                metadata: None,
+                actor_id: actor,
+            }],
+        })
+    }
+
+    async fn reboot(
+        &self,
+        request: Request<machine::RebootRequest>,
+    ) -> Result<Response<machine::RebootResponse>, Status> {
+        authorize(&request, "Reboot")?;
+        let (shared, node) = (self.shared.clone(), self.node.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(ACTION_DELAY).await;
+            shared.reboot(&node).await;
+        });
+        one(machine::RebootResponse {
+            messages: vec![machine::Reboot {
+                metadata: None,
+                actor_id: actor_id(),
+            }],
+        })
+    }
+
+    async fn shutdown(
+        &self,
+        request: Request<machine::ShutdownRequest>,
+    ) -> Result<Response<machine::ShutdownResponse>, Status> {
+        authorize(&request, "Shutdown")?;
+        let (shared, node) = (self.shared.clone(), self.node.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(ACTION_DELAY).await;
+            shared.power_off(&node).await;
+        });
+        one(machine::ShutdownResponse {
+            messages: vec![machine::Shutdown {
+                metadata: None,
+                actor_id: actor_id(),
+            }],
+        })
+    }
+
+    async fn bootstrap(
+        &self,
+        request: Request<machine::BootstrapRequest>,
+    ) -> Result<Response<machine::BootstrapResponse>, Status> {
+        authorize(&request, "Bootstrap")?;
+        self.node.check_controlplane("bootstrap")?;
+        let request = request.into_inner();
+        self.shared
+            .bootstrap(
+                &self.node,
+                request.recover_etcd,
+                request.recover_skip_hash_check,
+            )
+            .await?;
+        one(machine::BootstrapResponse {
+            messages: vec![machine::Bootstrap { metadata: None }],
+        })
+    }
+
+    async fn etcd_member_list(
+        &self,
+        request: Request<machine::EtcdMemberListRequest>,
+    ) -> Result<Response<machine::EtcdMemberListResponse>, Status> {
+        authorize(&request, "EtcdMemberList")?;
+        let members =
+            etcd::member_list(&self.node, &self.shared, request.get_ref().query_local).await?;
+        one(machine::EtcdMemberListResponse {
+            messages: vec![members],
+        })
+    }
+
+    async fn etcd_remove_member_by_id(
+        &self,
+        request: Request<machine::EtcdRemoveMemberByIdRequest>,
+    ) -> Result<Response<machine::EtcdRemoveMemberByIdResponse>, Status> {
+        authorize(&request, "EtcdRemoveMemberByID")?;
+        etcd::remove_member_by_id(&self.node, &self.shared, request.get_ref().member_id).await?;
+        one(machine::EtcdRemoveMemberByIdResponse {
+            messages: vec![machine::EtcdRemoveMemberById { metadata: None }],
+        })
+    }
+
+    async fn etcd_leave_cluster(
+        &self,
+        request: Request<machine::EtcdLeaveClusterRequest>,
+    ) -> Result<Response<machine::EtcdLeaveClusterResponse>, Status> {
+        authorize(&request, "EtcdLeaveCluster")?;
+        etcd::leave_cluster(&self.node, &self.shared).await?;
+        one(machine::EtcdLeaveClusterResponse {
+            messages: vec![machine::EtcdLeaveCluster { metadata: None }],
+        })
+    }
+
+    async fn etcd_forfeit_leadership(
+        &self,
+        request: Request<machine::EtcdForfeitLeadershipRequest>,
+    ) -> Result<Response<machine::EtcdForfeitLeadershipResponse>, Status> {
+        authorize(&request, "EtcdForfeitLeadership")?;
+        let member = etcd::forfeit_leadership(&self.node, &self.shared).await?;
+        one(machine::EtcdForfeitLeadershipResponse {
+            messages: vec![machine::EtcdForfeitLeadership {
+                metadata: None,
+                member,
+            }],
+        })
+    }
+
+    async fn etcd_snapshot(
+        &self,
+        request: Request<machine::EtcdSnapshotRequest>,
+    ) -> Result<Response<BoxStream<common::Data>>, Status> {
+        authorize(&request, "EtcdSnapshot")?;
+        let stream = etcd::snapshot(&self.node).await?;
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn etcd_recover(
+        &self,
+        request: Request<tonic::Streaming<common::Data>>,
+    ) -> Result<Response<machine::EtcdRecoverResponse>, Status> {
+        authorize(&request, "EtcdRecover")?;
+        etcd::recover(&self.node, request.into_inner()).await?;
+        one(machine::EtcdRecoverResponse {
+            messages: vec![machine::EtcdRecover { metadata: None }],
+        })
+    }
+
+    async fn etcd_alarm_list(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::EtcdAlarmListResponse>, Status> {
+        authorize(&request, "EtcdAlarmList")?;
+        let member_alarms = etcd::alarm_list(&self.node).await?;
+        one(machine::EtcdAlarmListResponse {
+            messages: vec![machine::EtcdAlarm {
+                metadata: None,
+                member_alarms,
+            }],
+        })
+    }
+
+    async fn etcd_alarm_disarm(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::EtcdAlarmDisarmResponse>, Status> {
+        authorize(&request, "EtcdAlarmDisarm")?;
+        let member_alarms = etcd::alarm_disarm(&self.node).await?;
+        one(machine::EtcdAlarmDisarmResponse {
+            messages: vec![machine::EtcdAlarmDisarm {
+                metadata: None,
+                member_alarms,
+            }],
+        })
+    }
+
+    async fn etcd_defragment(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::EtcdDefragmentResponse>, Status> {
+        authorize(&request, "EtcdDefragment")?;
+        etcd::defragment(&self.node).await?;
+        one(machine::EtcdDefragmentResponse {
+            messages: vec![machine::EtcdDefragment { metadata: None }],
+        })
+    }
+
+    async fn etcd_status(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::EtcdStatusResponse>, Status> {
+        authorize(&request, "EtcdStatus")?;
+        let member_status = etcd::status(&self.node).await?;
+        one(machine::EtcdStatusResponse {
+            messages: vec![machine::EtcdStatus {
+                metadata: None,
+                member_status: Some(member_status),
+            }],
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl ClusterService for Machined {
+    async fn health_check(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<BoxStream<HealthCheckProgress>>, Status> {
+        authorize(&request, "HealthCheck")?;
+        let wait = request
+            .into_inner()
+            .wait_timeout
+            .and_then(|d| Duration::try_from(d).ok())
+            .unwrap_or(Duration::from_secs(20));
+        let shared = self.shared.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move { shared.health_check(wait, tx).await });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}

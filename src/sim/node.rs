@@ -1,0 +1,333 @@
+//! One simulated Talos control-plane machine: its etcd member, machine
+//! configuration, system volumes and power state.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use rustls::ServerConfig;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use super::SimError;
+use super::etcd_client::EtcdClient;
+use super::etcd_process::{ClusterState, EtcdProcess, EtcdSpec};
+
+/// The system volumes of a simulated node, by label. Upstream resolves reset
+/// labels against VolumeStatus resources; these are the ones a Talos control
+/// plane always has.
+pub const SYSTEM_VOLUMES: [&str; 3] = ["STATE", "EPHEMERAL", "META"];
+
+/// One entry of a service's event history.
+#[derive(Debug, Clone)]
+pub struct ServiceEvent {
+    /// What happened.
+    pub message: String,
+    /// State entered.
+    pub state: String,
+    /// When.
+    pub at: SystemTime,
+}
+
+/// The machine configuration as the node holds it.
+#[derive(Debug, Default)]
+pub(crate) struct ConfigState {
+    /// The configuration in effect.
+    pub active: String,
+    /// A configuration staged for the next boot.
+    pub staged: Option<String>,
+    /// The rollback of a TRY apply that has not been confirmed.
+    pub rollback: Option<tokio::task::AbortHandle>,
+    /// An apply in REBOOT mode is rebooting the node.
+    pub rebooting: bool,
+}
+
+/// Power state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Power {
+    /// The API answers.
+    On,
+    /// Rebooting: down for a moment.
+    Rebooting,
+    /// Powered off: nothing answers until the simulator restarts.
+    Off,
+}
+
+/// A simulated control-plane node.
+pub struct Node {
+    /// Position in the cluster (1-based); the address is base + index.
+    pub index: usize,
+    /// Hostname, also the etcd member name.
+    pub name: String,
+    /// Loopback address of all its listeners.
+    pub ip: Ipv4Addr,
+    pub(crate) api_port: u16,
+    etcd_client_port: u16,
+    etcd_peer_port: u16,
+    quota_backend_bytes: u64,
+    dir: PathBuf,
+    pub(crate) server_tls: Arc<ServerConfig>,
+    etcd: tokio::sync::Mutex<Option<EtcdProcess>>,
+    pub(crate) config: Mutex<ConfigState>,
+    pub(crate) apply_lock: tokio::sync::Mutex<()>,
+    power: Mutex<Power>,
+    front: Mutex<Option<CancellationToken>>,
+    events: Mutex<Vec<ServiceEvent>>,
+    pub(crate) reset_lock: tokio::sync::Mutex<()>,
+}
+
+/// Where each node keeps its files.
+pub(crate) struct NodeLayout {
+    pub index: usize,
+    pub name: String,
+    pub ip: Ipv4Addr,
+    pub api_port: u16,
+    pub etcd_client_port: u16,
+    pub etcd_peer_port: u16,
+    pub quota_backend_bytes: u64,
+    pub dir: PathBuf,
+    pub server_tls: Arc<ServerConfig>,
+}
+
+impl Node {
+    pub(crate) fn new(layout: NodeLayout, machine_config: String) -> Result<Node, SimError> {
+        let node = Node {
+            index: layout.index,
+            name: layout.name,
+            ip: layout.ip,
+            api_port: layout.api_port,
+            etcd_client_port: layout.etcd_client_port,
+            etcd_peer_port: layout.etcd_peer_port,
+            quota_backend_bytes: layout.quota_backend_bytes,
+            dir: layout.dir,
+            server_tls: layout.server_tls,
+            etcd: tokio::sync::Mutex::new(None),
+            config: Mutex::new(ConfigState {
+                active: machine_config.clone(),
+                ..ConfigState::default()
+            }),
+            apply_lock: tokio::sync::Mutex::new(()),
+            power: Mutex::new(Power::Off),
+            front: Mutex::new(None),
+            events: Mutex::new(Vec::new()),
+            reset_lock: tokio::sync::Mutex::new(()),
+        };
+        for label in SYSTEM_VOLUMES {
+            let path = node.volume(label);
+            std::fs::create_dir_all(&path).map_err(|e| SimError::io(&path, e))?;
+        }
+        node.persist_config(&machine_config)
+            .map_err(|e| SimError::io(&node.config_path(), e))?;
+        let meta = node.volume("META").join("meta");
+        std::fs::write(&meta, b"simulated META").map_err(|e| SimError::io(&meta, e))?;
+        Ok(node)
+    }
+
+    /// The directory holding a system volume's contents.
+    pub fn volume(&self, label: &str) -> PathBuf {
+        self.dir.join("volumes").join(label)
+    }
+
+    /// etcd's data directory (on EPHEMERAL, as on Talos).
+    pub fn etcd_data_dir(&self) -> PathBuf {
+        self.volume("EPHEMERAL").join("etcd")
+    }
+
+    /// Where the persisted machine configuration lives (on STATE).
+    pub fn config_path(&self) -> PathBuf {
+        self.volume("STATE").join("config.yaml")
+    }
+
+    /// Where an uploaded recovery snapshot is kept until Bootstrap.
+    pub fn recovery_snapshot_path(&self) -> PathBuf {
+        self.dir.join("etcd-recovery.snapshot")
+    }
+
+    fn etcd_log(&self) -> PathBuf {
+        self.dir.join("etcd.log")
+    }
+
+    /// The node's etcd client URL.
+    pub fn etcd_client_url(&self) -> String {
+        format!("http://{}:{}", self.ip, self.etcd_client_port)
+    }
+
+    /// The node's etcd peer URL.
+    pub fn etcd_peer_url(&self) -> String {
+        format!("http://{}:{}", self.ip, self.etcd_peer_port)
+    }
+
+    /// The node's API address.
+    pub fn api_addr(&self) -> String {
+        format!("{}:{}", self.ip, self.api_port)
+    }
+
+    /// Whether the node has a machine configuration (a wiped STATE means
+    /// maintenance mode: no machine type, no etcd).
+    pub fn is_configured(&self) -> bool {
+        self.config_path().exists()
+    }
+
+    pub(crate) fn persist_config(&self, yaml: &str) -> std::io::Result<()> {
+        crate::config::loader::write_atomic(&self.config_path(), yaml.as_bytes())
+    }
+
+    /// The persisted configuration, if STATE holds one.
+    pub(crate) fn persisted_config(&self) -> Option<String> {
+        std::fs::read_to_string(self.config_path()).ok()
+    }
+
+    /// The current power state.
+    pub fn power(&self) -> Power {
+        self.power.lock().expect("power lock").clone()
+    }
+
+    pub(crate) fn set_power(&self, power: Power) {
+        *self.power.lock().expect("power lock") = power;
+    }
+
+    pub(crate) fn set_front(&self, token: Option<CancellationToken>) {
+        let old = std::mem::replace(&mut *self.front.lock().expect("front lock"), token);
+        if let Some(old) = old {
+            old.cancel();
+        }
+    }
+
+    fn record(&self, message: impl Into<String>, state: &str) {
+        let mut events = self.events.lock().expect("events lock");
+        events.push(ServiceEvent {
+            message: message.into(),
+            state: state.to_string(),
+            at: SystemTime::now(),
+        });
+        let excess = events.len().saturating_sub(20);
+        events.drain(..excess);
+    }
+
+    /// The etcd service's recent events.
+    pub fn etcd_events(&self) -> Vec<ServiceEvent> {
+        self.events.lock().expect("events lock").clone()
+    }
+
+    fn spec(&self, initial_cluster: String, state: ClusterState) -> EtcdSpec {
+        EtcdSpec {
+            name: self.name.clone(),
+            ip: self.ip,
+            client_port: self.etcd_client_port,
+            peer_port: self.etcd_peer_port,
+            data_dir: self.etcd_data_dir(),
+            initial_cluster,
+            state,
+            quota_backend_bytes: self.quota_backend_bytes,
+        }
+    }
+
+    /// Starts etcd as a member of a new cluster (`name=peer-url,...`).
+    pub(crate) async fn start_etcd(
+        &self,
+        initial_cluster: String,
+        state: ClusterState,
+    ) -> Result<(), SimError> {
+        let mut slot = self.etcd.lock().await;
+        if slot.is_some() {
+            return Ok(());
+        }
+        self.record("Starting service", "Preparing");
+        let process =
+            EtcdProcess::start(self.spec(initial_cluster, state), &self.etcd_log()).await?;
+        *slot = Some(process);
+        self.record("Health check successful", "Running");
+        Ok(())
+    }
+
+    /// Restarts etcd from its existing data directory (after a reboot).
+    pub(crate) async fn restart_etcd(&self) -> Result<(), SimError> {
+        if !self.etcd_data_dir().join("member").exists() {
+            return Ok(());
+        }
+        // With existing data etcd ignores the initial cluster settings.
+        let initial = format!("{}={}", self.name, self.etcd_peer_url());
+        self.start_etcd(initial, ClusterState::Existing).await
+    }
+
+    /// Stops etcd (keeping its data).
+    pub(crate) async fn stop_etcd(&self) {
+        if let Some(process) = self.etcd.lock().await.take() {
+            self.record("Stopping service", "Stopping");
+            process.stop().await;
+            self.record("Service finished successfully", "Finished");
+        }
+    }
+
+    /// Whether a TRY apply is waiting to be confirmed or rolled back.
+    pub fn rollback_pending(&self) -> bool {
+        self.config.lock().expect("config lock").rollback.is_some()
+    }
+
+    /// Holds the apply lock as an apply in progress would, until the guard
+    /// is dropped (to exercise the concurrent-apply refusal).
+    #[doc(hidden)]
+    pub async fn hold_apply_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.apply_lock.lock().await
+    }
+
+    /// Kills etcd without waiting (for use in `Drop`).
+    pub(crate) fn kill_etcd_now(&self) {
+        if let Ok(mut slot) = self.etcd.try_lock() {
+            drop(slot.take());
+        }
+    }
+
+    /// Whether etcd runs on this node.
+    pub async fn etcd_running(&self) -> bool {
+        match self.etcd.lock().await.as_mut() {
+            Some(process) => process.is_running(),
+            None => false,
+        }
+    }
+
+    /// A client for the local etcd member, or the status apid would return
+    /// when it is not there: Unimplemented in maintenance mode (as
+    /// upstream's machinehelper.CheckControlplane), Unavailable when etcd is
+    /// not running.
+    pub(crate) async fn local_etcd(&self, api: &str) -> Result<(EtcdClient, String), Status> {
+        self.check_controlplane(api)?;
+        if !self.etcd_running().await {
+            return Err(Status::unavailable(format!(
+                "etcd is not running on {}: dial tcp {}: connect: connection refused",
+                self.name,
+                self.etcd_client_url().trim_start_matches("http://")
+            )));
+        }
+        let url = self.etcd_client_url();
+        let client = EtcdClient::connect(std::slice::from_ref(&url)).await?;
+        Ok((client, url))
+    }
+
+    /// Unimplemented unless the node has a configuration, as
+    /// machinehelper.CheckControlplane does for a machine without a type.
+    pub(crate) fn check_controlplane(&self, api: &str) -> Result<(), Status> {
+        if self.is_configured() {
+            Ok(())
+        } else {
+            Err(Status::unimplemented(format!(
+                "machine type is not set, cannot use {api} API"
+            )))
+        }
+    }
+
+    /// Wipes a system volume's contents.
+    pub(crate) fn wipe(&self, label: &str) -> std::io::Result<()> {
+        let path = self.volume(label);
+        if path.exists() {
+            std::fs::remove_dir_all(&path)?;
+        }
+        std::fs::create_dir_all(&path)
+    }
+
+    /// The node's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}

@@ -1,0 +1,62 @@
+//! Starting a simulated cluster for a test, and waiting for conditions.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use talos_client::Client;
+use talos_client::config::{Overrides, TalosConfig};
+use talos_client::sim::{Cluster, SimConfig};
+
+/// A running cluster with its directory; both go away when dropped (every
+/// etcd is killed by the cluster's drop).
+pub struct SimCluster {
+    pub cluster: Cluster,
+    pub dir: tempfile::TempDir,
+}
+
+impl SimCluster {
+    pub async fn start(nodes: usize) -> SimCluster {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = Cluster::up(SimConfig::isolated(dir.path(), nodes))
+            .await
+            .expect("simulated cluster starts");
+        SimCluster { cluster, dir }
+    }
+
+    /// A client from one of the talosconfigs the simulator wrote.
+    pub fn client_from(&self, file: &str) -> Client {
+        let path = self.dir.path().join(file);
+        let config = TalosConfig::read(&path).unwrap();
+        let context = config.resolve(&Overrides::default(), &path).unwrap();
+        Client::builder_from_context(&context)
+            .connect_timeout(Duration::from_secs(5))
+            .call_timeout(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    }
+
+    pub fn admin(&self) -> Client {
+        self.client_from("talosconfig")
+    }
+
+    /// The address of node `i` (from 1).
+    pub fn ip(&self, i: usize) -> String {
+        self.cluster.nodes()[i - 1].ip.to_string()
+    }
+}
+
+/// Polls `check` until it returns `Some`, failing the test after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,190 @@
+//! ApplyConfiguration on the simulator: validation, dry-run diffs, modes,
+//! TRY rollback and confirmation, and the single-apply lock.
+
+mod common;
+
+use std::time::Duration;
+
+use common::sim::{SimCluster, wait_for};
+use talos_client::client::{ApplyMode, ApplyRequest};
+use talos_client::{Client, Error};
+
+fn changed(sim: &SimCluster) -> String {
+    std::fs::read_to_string(sim.dir.path().join("controlplane.yaml"))
+        .unwrap()
+        .replace("clusterName: talos-sim", "clusterName: renamed")
+}
+
+async fn dry_run(client: &Client, config: &str) -> String {
+    client
+        .apply_configuration(ApplyRequest::new(config, ApplyMode::NoReboot).with_dry_run(true))
+        .await
+        .unwrap()
+        .mode_details
+}
+
+#[tokio::test]
+async fn dry_run_shows_the_diff_and_changes_nothing() {
+    let sim = SimCluster::start(1).await;
+    let client = sim.admin();
+    let same = std::fs::read_to_string(sim.dir.path().join("controlplane.yaml")).unwrap();
+    let details = dry_run(&client, &same).await;
+    assert!(
+        details.starts_with(
+            "Dry run summary:\nApplied configuration without a reboot (skipped in dry-run).\n"
+        ),
+        "{details}"
+    );
+    assert!(
+        details.ends_with("Config diff:\n\nNo changes."),
+        "{details}"
+    );
+
+    let details = dry_run(&client, &changed(&sim)).await;
+    assert!(details.contains("--- a\n+++ b\n"), "{details}");
+    assert!(
+        details.contains("-  clusterName: talos-sim\n+  clusterName: renamed"),
+        "{details}"
+    );
+    // Nothing was applied.
+    assert!(
+        dry_run(&client, &changed(&sim))
+            .await
+            .contains("+  clusterName: renamed")
+    );
+}
+
+#[tokio::test]
+async fn invalid_configs_are_invalid_argument() {
+    let sim = SimCluster::start(1).await;
+    let client = sim.admin();
+    for bad in [
+        "version: v1alpha1\nmachine: [unclosed\n",
+        "apiVersion: v1alpha1\nkind: Layer2VIPConfig\n",
+    ] {
+        match client
+            .apply_configuration(ApplyRequest::new(bad, ApplyMode::Auto))
+            .await
+        {
+            Err(Error::InvalidArgument(_)) => {}
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn auto_is_reported_as_no_reboot_and_persists() {
+    let sim = SimCluster::start(1).await;
+    let client = sim.admin();
+    let result = client
+        .apply_configuration(ApplyRequest::new(changed(&sim), ApplyMode::Auto))
+        .await
+        .unwrap();
+    assert_eq!(result.mode, ApplyMode::NoReboot);
+    assert_eq!(
+        result.mode_details,
+        "Applied configuration without a reboot"
+    );
+    assert!(
+        dry_run(&client, &changed(&sim))
+            .await
+            .ends_with("No changes.")
+    );
+    let persisted =
+        std::fs::read_to_string(sim.cluster.node("cp-1").unwrap().config_path()).unwrap();
+    assert!(persisted.contains("clusterName: renamed"));
+}
+
+#[tokio::test]
+async fn try_rolls_back_after_its_timeout_unless_confirmed() {
+    let sim = SimCluster::start(1).await;
+    let client = sim.admin();
+    let result = client
+        .apply_configuration(
+            ApplyRequest::new(changed(&sim), ApplyMode::Try)
+                .with_try_timeout(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(result.mode, ApplyMode::Try);
+    assert!(
+        result
+            .mode_details
+            .ends_with("will be automatically reverted back in 2s"),
+        "{}",
+        result.mode_details
+    );
+    // In effect now; a dry run must not confirm it (upstream bug 14343).
+    assert!(
+        dry_run(&client, &changed(&sim))
+            .await
+            .ends_with("No changes.")
+    );
+    wait_for("the rollback", Duration::from_secs(20), || async {
+        dry_run(&client, &changed(&sim))
+            .await
+            .contains("+  clusterName: renamed")
+            .then_some(())
+    })
+    .await;
+
+    // Confirmed by a non-TRY apply: it stays.
+    let node = sim.cluster.node("cp-1").unwrap();
+    assert!(!node.rollback_pending());
+    client
+        .apply_configuration(
+            ApplyRequest::new(changed(&sim), ApplyMode::Try)
+                .with_try_timeout(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert!(node.rollback_pending());
+    dry_run(&client, &changed(&sim)).await;
+    assert!(
+        node.rollback_pending(),
+        "a dry run must not confirm a TRY apply"
+    );
+    client
+        .apply_configuration(ApplyRequest::new(changed(&sim), ApplyMode::NoReboot))
+        .await
+        .unwrap();
+    assert!(!node.rollback_pending(), "the non-TRY apply confirmed it");
+    assert!(
+        dry_run(&client, &changed(&sim))
+            .await
+            .ends_with("No changes.")
+    );
+}
+
+#[tokio::test]
+async fn a_concurrent_apply_is_refused() {
+    let sim = SimCluster::start(1).await;
+    let client = sim.admin();
+    let node = sim.cluster.node("cp-1").unwrap();
+    let _in_progress = node.hold_apply_lock().await;
+    match client
+        .apply_configuration(ApplyRequest::new(changed(&sim), ApplyMode::Auto))
+        .await
+    {
+        Err(Error::FailedPrecondition(f)) => {
+            assert!(f.message.contains("already in progress"), "{f}")
+        }
+        other => panic!("expected FailedPrecondition, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn staged_waits_for_the_next_boot() {
+    let sim = SimCluster::start(1).await;
+    let client = sim.admin();
+    let result = client
+        .apply_configuration(ApplyRequest::new(changed(&sim), ApplyMode::Staged))
+        .await
+        .unwrap();
+    assert_eq!(result.mode, ApplyMode::Staged);
+    assert!(
+        dry_run(&client, &changed(&sim))
+            .await
+            .contains("+  clusterName: renamed")
+    );
+}

@@ -1,0 +1,173 @@
+//! The simulator's etcd calls, through our client, against real etcd.
+
+mod common;
+
+use std::time::Duration;
+
+use common::sim::{SimCluster, wait_for};
+use sha2::Digest as _;
+use talos_client::Error;
+use talos_client::client::MemberId;
+
+#[tokio::test]
+async fn snapshot_carries_a_sha256_trailer_of_its_contents() {
+    let sim = SimCluster::start(3).await;
+    let client = sim.admin();
+    // Through apid on node 1, proxied to node 2.
+    let stream = client.node(sim.ip(2)).etcd_snapshot().await.unwrap();
+    let path = sim.dir.path().join("snap.db");
+    let size = stream.write_to_file(&path).await.unwrap();
+    let data = std::fs::read(&path).unwrap();
+    assert_eq!(data.len() as u64, size);
+    assert_eq!(size % 512, 32, "a bbolt file plus a 32-byte trailer");
+    let (contents, trailer) = data.split_at(data.len() - 32);
+    assert_eq!(sha2::Sha256::digest(contents).as_slice(), trailer);
+}
+
+#[tokio::test]
+async fn leave_removes_the_member_and_the_node_keeps_answering() {
+    let sim = SimCluster::start(3).await;
+    let client = sim.admin();
+    let leaver = client.node(sim.ip(3));
+    leaver.etcd_leave_cluster().await.expect("leave");
+
+    let members = client
+        .node(sim.ip(1))
+        .etcd_member_list(false)
+        .await
+        .unwrap();
+    let names: Vec<_> = members.iter().map(|m| m.hostname.as_str()).collect();
+    assert_eq!(members.len(), 2, "{names:?}");
+    assert!(!names.contains(&"cp-3"));
+    // The node that left still answers the API, as real Talos does...
+    assert_eq!(leaver.version().await.unwrap().tag, "v1.13.9");
+    // ...but has no etcd any more, and its data is gone.
+    assert!(matches!(
+        leaver.etcd_status().await,
+        Err(Error::Unavailable(_))
+    ));
+    let node = sim.cluster.node("cp-3").unwrap();
+    assert!(!node.etcd_data_dir().exists());
+}
+
+#[tokio::test]
+async fn status_forfeit_and_remove_member() {
+    let sim = SimCluster::start(3).await;
+    let client = sim.admin();
+    let statuses = client
+        .nodes([sim.ip(1), sim.ip(2), sim.ip(3)])
+        .etcd_status()
+        .await
+        .unwrap();
+    let statuses: Vec<_> = statuses
+        .into_iter()
+        .map(|r| (r.node, r.result.unwrap()))
+        .collect();
+    let leader_id = statuses[0].1.leader;
+    assert!(
+        statuses
+            .iter()
+            .all(|(_, s)| s.leader == leader_id && !s.is_learner)
+    );
+    assert_eq!(statuses[0].1.storage_version, "3.4.0");
+    let (leader_node, _) = statuses
+        .iter()
+        .find(|(_, s)| s.is_leader())
+        .expect("a leader");
+
+    // A follower is not the leader: nothing to forfeit.
+    let (follower, _) = statuses.iter().find(|(_, s)| !s.is_leader()).unwrap();
+    assert_eq!(
+        client
+            .node(follower.as_str())
+            .etcd_forfeit_leadership()
+            .await
+            .unwrap(),
+        None
+    );
+
+    let new_leader = client
+        .node(leader_node.as_str())
+        .etcd_forfeit_leadership()
+        .await
+        .unwrap()
+        .expect("the leader hands over");
+    let status = wait_for("leadership to move", Duration::from_secs(10), || async {
+        let s = client.node(leader_node.as_str()).etcd_status().await.ok()?;
+        (s.leader != leader_id && s.leader.0 != 0).then_some(s)
+    })
+    .await;
+    let members = client.etcd_member_list(false).await.unwrap();
+    let leader_member = members.iter().find(|m| m.id == status.leader).unwrap();
+    assert_eq!(leader_member.hostname, new_leader);
+
+    match client.etcd_remove_member_by_id(MemberId(0x1234)).await {
+        Err(Error::NotFound(f)) => assert!(f.message.contains("member not found"), "{f}"),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn alarms_defragment_and_services() {
+    let sim = SimCluster::start(3).await;
+    let client = sim.admin().node(sim.ip(1));
+    assert!(client.etcd_alarm_list().await.unwrap().is_empty());
+
+    let status = client.etcd_status().await.unwrap();
+    let etcd = talos_client::sim::etcd_client::EtcdClient::connect(&[sim.cluster.nodes()[0]
+        .etcd_client_url
+        .clone()])
+    .await
+    .unwrap();
+    etcd.alarm_activate(
+        status.member_id.0,
+        talos_client::api::etcdserverpb::AlarmType::Nospace,
+    )
+    .await
+    .unwrap();
+    let alarms = client.etcd_alarm_list().await.unwrap();
+    assert_eq!(alarms.len(), 1);
+    assert_eq!(alarms[0].member_id, status.member_id);
+    assert_eq!(alarms[0].alarm, talos_client::client::AlarmType::Nospace);
+    let disarmed = client.etcd_alarm_disarm().await.unwrap();
+    assert_eq!(disarmed.len(), 1);
+    assert!(client.etcd_alarm_list().await.unwrap().is_empty());
+
+    client.etcd_defragment().await.expect("defragment");
+
+    let services = client.service_list().await.unwrap();
+    let etcd = services
+        .iter()
+        .find(|s| s.id == "etcd")
+        .expect("etcd service");
+    assert_eq!(etcd.state, "Running");
+    assert!(etcd.health.healthy);
+    assert_eq!(client.hostname().await.unwrap(), "cp-1");
+}
+
+#[tokio::test]
+async fn an_added_node_joins_as_learner_and_is_promoted() {
+    let sim = SimCluster::start(3).await;
+    let client = sim.admin();
+    let added = sim.cluster.add_node().await.expect("add node");
+    assert_eq!(added.name, "cp-4");
+
+    let members = client.etcd_member_list(false).await.unwrap();
+    assert_eq!(members.len(), 4);
+    let promoted = wait_for(
+        "cp-4 to become a voter",
+        Duration::from_secs(60),
+        || async {
+            let members = client.etcd_member_list(false).await.ok()?;
+            let m = members.into_iter().find(|m| m.hostname == "cp-4")?;
+            (!m.is_learner).then_some(m)
+        },
+    )
+    .await;
+    assert!(!promoted.is_learner);
+    // The new node serves the API like the others.
+    assert_eq!(
+        client.node(added.ip.to_string()).hostname().await.unwrap(),
+        "cp-4"
+    );
+}

@@ -1,0 +1,132 @@
+//! Reset, reboot and shutdown on the simulator.
+
+mod common;
+
+use std::time::Duration;
+
+use common::sim::{SimCluster, wait_for};
+use talos_client::client::{RebootMode, ResetRequest};
+use talos_client::{Client, Error};
+
+/// Waits until the node stops answering (connection refused or reset).
+async fn wait_down(client: &Client) {
+    wait_for(
+        "the node to stop answering",
+        Duration::from_secs(30),
+        || async {
+            match client.version().await {
+                Err(Error::Connect(_) | Error::Unavailable(_)) => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await
+}
+
+fn direct(sim: &SimCluster, i: usize) -> Client {
+    // A client whose only endpoint is the node itself.
+    let path = sim.dir.path().join("talosconfig");
+    let config = talos_client::config::TalosConfig::read(&path).unwrap();
+    let context = config
+        .resolve(
+            &talos_client::config::Overrides {
+                endpoints: vec![sim.cluster.nodes()[i - 1].api.clone()],
+                ..Default::default()
+            },
+            &path,
+        )
+        .unwrap();
+    Client::builder_from_context(&context)
+        .read_attempts(1)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn reset_without_reboot_powers_the_node_off() {
+    let sim = SimCluster::start(3).await;
+    let admin = sim.admin();
+    let target = direct(&sim, 3);
+    let request = ResetRequest {
+        graceful: false,
+        reboot: false,
+        system_labels_to_wipe: vec!["STATE".into(), "EPHEMERAL".into()],
+        ..ResetRequest::default()
+    };
+    let actor = target.reset(request).await.expect("reset accepted");
+    assert_eq!(actor.len(), 36, "a UUID actor id: {actor}");
+    wait_down(&target).await;
+    // Proxied calls to it fail too, and its volumes were wiped.
+    assert!(admin.node(sim.ip(3)).version().await.is_err());
+    let node = sim.cluster.node("cp-3").unwrap();
+    assert!(!node.config_path().exists());
+    assert!(!node.etcd_data_dir().exists());
+    assert!(
+        node.volume("META").join("meta").exists(),
+        "META was not asked to be wiped"
+    );
+    // Not graceful: the member is still listed.
+    assert_eq!(
+        admin
+            .node(sim.ip(1))
+            .etcd_member_list(false)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+}
+
+#[tokio::test]
+async fn graceful_reset_leaves_etcd_first() {
+    let sim = SimCluster::start(3).await;
+    let admin = sim.admin();
+    let target = direct(&sim, 2);
+    target.reset(ResetRequest::default()).await.unwrap();
+    wait_down(&target).await;
+    let members = admin.node(sim.ip(1)).etcd_member_list(false).await.unwrap();
+    assert_eq!(members.len(), 2);
+    assert!(members.iter().all(|m| m.hostname != "cp-2"));
+}
+
+#[tokio::test]
+async fn unknown_wipe_labels_are_rejected_and_change_nothing() {
+    let sim = SimCluster::start(1).await;
+    let client = sim.admin();
+    let request = ResetRequest {
+        system_labels_to_wipe: vec!["STATE".into(), "BOGUS".into()],
+        ..ResetRequest::default()
+    };
+    let err = client.reset(request).await.unwrap_err();
+    assert!(err.to_string().contains("\"BOGUS\""), "{err}");
+    assert_eq!(client.hostname().await.unwrap(), "cp-1");
+    assert!(sim.cluster.node("cp-1").unwrap().config_path().exists());
+
+    let request = ResetRequest {
+        user_disks_to_wipe: vec!["/dev/sdb".into()],
+        ..ResetRequest::default()
+    };
+    let err = client.reset(request).await.unwrap_err();
+    assert!(err.to_string().contains("/dev/sdb wasn't found"), "{err}");
+}
+
+#[tokio::test]
+async fn reboot_brings_the_node_back_with_etcd() {
+    let sim = SimCluster::start(3).await;
+    let target = direct(&sim, 2);
+    target.reboot(RebootMode::Default).await.unwrap();
+    wait_down(&target).await;
+    wait_for("the node to come back", Duration::from_secs(60), || async {
+        target.etcd_status().await.ok()
+    })
+    .await;
+    assert_eq!(sim.admin().etcd_member_list(false).await.unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn shutdown_stops_the_node() {
+    let sim = SimCluster::start(1).await;
+    let target = direct(&sim, 1);
+    target.shutdown(false).await.unwrap();
+    wait_down(&target).await;
+}

@@ -38,6 +38,7 @@
 pub mod api;
 pub mod client;
 pub mod config;
+pub mod snapshot;
 pub mod tls;
 
 pub use client::{

@@ -336,7 +336,7 @@ pub(crate) enum Idempotency {
 /// Adds the targeting metadata (and the deadline) to every request; the one
 /// place where `node`/`nodes` are set.
 #[derive(Clone)]
-pub(crate) struct TargetInterceptor {
+pub struct TargetInterceptor {
     node: Option<AsciiMetadataValue>,
     nodes: Vec<AsciiMetadataValue>,
     timeout: Option<Duration>,
@@ -360,7 +360,9 @@ impl tonic::service::Interceptor for TargetInterceptor {
     }
 }
 
-pub(crate) type Transport = InterceptedService<Channel, TargetInterceptor>;
+/// The transport of the generated stubs: a channel whose requests carry this
+/// client's targeting metadata.
+pub type Transport = InterceptedService<Channel, TargetInterceptor>;
 
 fn metadata_value(node: &str) -> Result<AsciiMetadataValue> {
     MetadataValue::try_from(node).map_err(|_| Error::Builder("node names must be printable ASCII"))
@@ -376,6 +378,23 @@ pub(crate) fn cluster_stub(transport: Transport) -> ClusterServiceClient<Transpo
     ClusterServiceClient::new(transport)
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
         .max_encoding_message_size(MAX_MESSAGE_SIZE)
+}
+
+impl Client<One> {
+    /// The generated `machine.MachineService` stub, addressing this client's
+    /// target: the escape hatch for calls and fields the typed methods do not
+    /// cover. Requests get no deadline and are never retried.
+    pub async fn machine_service(&self) -> Result<MachineServiceClient<Transport>> {
+        let (_, transport, _) = self.transport(&self.target, None).await?;
+        Ok(machine_stub(transport))
+    }
+
+    /// The generated `cluster.ClusterService` stub (see
+    /// [`machine_service`](Client::machine_service)).
+    pub async fn cluster_service(&self) -> Result<ClusterServiceClient<Transport>> {
+        let (_, transport, _) = self.transport(&self.target, None).await?;
+        Ok(cluster_stub(transport))
+    }
 }
 
 impl<S: Scope> Client<S> {

@@ -238,6 +238,35 @@ impl Cluster {
         self.shared.find(target)
     }
 
+    /// Powers a node off at once, as a crash or a pulled plug would: its API
+    /// stops answering mid-call and etcd stops (its data is kept).
+    pub async fn power_off(&self, target: &str) -> Result<(), SimError> {
+        let node = self
+            .shared
+            .find(target)
+            .ok_or_else(|| SimError::Refused(format!("no node {target:?}")))?;
+        self.shared.power_off(&node).await;
+        Ok(())
+    }
+
+    /// Writes `count` keys of `value_size` bytes through the first running
+    /// node's etcd (to give snapshots some weight).
+    pub async fn fill(
+        &self,
+        prefix: &str,
+        count: usize,
+        value_size: usize,
+    ) -> Result<(), SimError> {
+        let client = EtcdClient::connect(&self.shared.control_plane_etcd_urls()).await?;
+        let value = vec![b'x'; value_size];
+        for i in 0..count {
+            client
+                .put(format!("{prefix}{i:08}").into_bytes(), value.clone())
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Adds a control-plane node whose etcd joins as a learner and is
     /// promoted to a voter once it has caught up, as Talos does.
     pub async fn add_node(&self) -> Result<NodeInfo, SimError> {

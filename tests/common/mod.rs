@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod sim;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

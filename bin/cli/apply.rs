@@ -1,0 +1,144 @@
+//! `talosctl-rs apply-config`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use talos_client::client::{ApplyMode, ApplyRequest};
+
+use super::{Global, Output, Usage, print_nodes, read_input};
+
+#[derive(clap::Args)]
+pub struct ApplyArgs {
+    /// The filename of the updated configuration.
+    #[arg(short, long, value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// Apply config mode: auto, no-reboot, reboot, staged, try.
+    #[arg(short, long, default_value = "auto", value_parser = parse_mode)]
+    pub mode: ApplyMode,
+    /// Check how the config change will be applied in dry-run mode.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The config will be rolled back after this timeout (try mode).
+    #[arg(long, default_value = "1m", value_parser = parse_go_duration)]
+    pub timeout: Duration,
+}
+
+fn parse_mode(value: &str) -> Result<ApplyMode, String> {
+    value.parse()
+}
+
+/// Parses a Go duration (`1m`, `30s`, `1m30s`, `1.5s`, `500ms`, `2h`).
+pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid duration {text:?} (examples: 30s, 1m, 1m30s, 500ms)");
+    let mut rest = text.trim();
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let value: f64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        total += value * seconds;
+        rest = &rest[unit_len..];
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+pub async fn run(global: &Global, args: ApplyArgs) -> anyhow::Result<()> {
+    let file = args
+        .file
+        .ok_or_else(|| Usage("no filename supplied for configuration (-f FILE)".into()))?;
+    let config = read_input("--file", &file)?;
+    if config.is_empty() {
+        return Err(Usage(format!(
+            "--file {}: no configuration data read",
+            file.display()
+        ))
+        .into());
+    }
+    let request = ApplyRequest {
+        config,
+        mode: args.mode,
+        dry_run: args.dry_run,
+        try_timeout: Some(args.timeout),
+    };
+    let replies = global
+        .connect_many()?
+        .apply_configuration(request)
+        .await
+        .context("error applying new configuration")?;
+    let output = global.output;
+    print_nodes(output, replies, |rows| {
+        for (node, result) in rows {
+            let prefix = if rows.len() > 1 {
+                format!("{node}: ")
+            } else {
+                String::new()
+            };
+            for warning in &result.warnings {
+                eprintln!("{prefix}WARNING: {warning}");
+            }
+            if !result.mode_details.is_empty() {
+                eprintln!("{prefix}{}", result.mode_details);
+            }
+        }
+        Ok(())
+    })?;
+    if output == Output::Table && args.mode == ApplyMode::Try && !args.dry_run {
+        eprintln!(
+            "confirm with a non-try apply (e.g. -m no-reboot) before {} passes, or it rolls back",
+            humanize_duration(args.timeout)
+        );
+    }
+    Ok(())
+}
+
+fn humanize_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{}s", d.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_go_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("1m").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_go_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(
+            parse_go_duration("500ms").unwrap(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            parse_go_duration("1.5s").unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert!(parse_go_duration("10").is_err());
+        assert!(parse_go_duration("1x").is_err());
+    }
+}

@@ -1,0 +1,250 @@
+//! `talosctl-rs config ...`: info, contexts, context, merge.
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use serde::Serialize;
+use talos_client::config::{ConfigError, ConfigPath, TalosConfig, default_paths};
+use time::OffsetDateTime;
+
+use super::table::Table;
+use super::{Global, Output, print_structured};
+
+#[derive(Subcommand)]
+pub enum ConfigCommand {
+    /// Show information about the current context.
+    Info,
+    /// List defined contexts.
+    #[command(alias = "get-contexts")]
+    Contexts,
+    /// Set the current context.
+    #[command(alias = "use-context")]
+    Context {
+        /// The context to make current.
+        name: String,
+    },
+    /// Merge additional contexts from another client configuration file
+    /// (contexts with the same name are renamed).
+    Merge {
+        /// The talosconfig to merge in.
+        from: std::path::PathBuf,
+    },
+}
+
+pub fn run(global: &Global, command: ConfigCommand) -> anyhow::Result<()> {
+    match command {
+        ConfigCommand::Info => info(global),
+        ConfigCommand::Contexts => contexts(global),
+        ConfigCommand::Context { name } => use_context(global, &name),
+        ConfigCommand::Merge { from } => merge(global, &from),
+    }
+}
+
+/// What `config info` reports; the first six keys are talosctl's.
+#[derive(Serialize)]
+struct Info {
+    context: String,
+    nodes: Vec<String>,
+    endpoints: Vec<String>,
+    roles: Vec<String>,
+    #[serde(rename = "certTTL")]
+    cert_ttl: String,
+    #[serde(rename = "certNotAfter")]
+    cert_not_after: String,
+    warnings: Vec<String>,
+}
+
+/// Relative time as go-humanize's RelTime prints it.
+fn relative(then: OffsetDateTime, now: OffsetDateTime) -> String {
+    let (seconds, suffix) = if then >= now {
+        ((then - now).whole_seconds(), "from now")
+    } else {
+        ((now - then).whole_seconds(), "ago")
+    };
+    const MINUTE: i64 = 60;
+    const HOUR: i64 = 60 * MINUTE;
+    const DAY: i64 = 24 * HOUR;
+    const WEEK: i64 = 7 * DAY;
+    const MONTH: i64 = 30 * DAY;
+    const YEAR: i64 = 12 * MONTH;
+    let text = match seconds {
+        s if s < 1 => return "now".into(),
+        s if s < 2 => "1 second".into(),
+        s if s < MINUTE => format!("{s} seconds"),
+        s if s < 2 * MINUTE => "1 minute".into(),
+        s if s < HOUR => format!("{} minutes", s / MINUTE),
+        s if s < 2 * HOUR => "1 hour".into(),
+        s if s < DAY => format!("{} hours", s / HOUR),
+        s if s < 2 * DAY => "1 day".into(),
+        s if s < WEEK => format!("{} days", s / DAY),
+        s if s < 2 * WEEK => "1 week".into(),
+        s if s < MONTH => format!("{} weeks", s / WEEK),
+        s if s < 2 * MONTH => "1 month".into(),
+        s if s < YEAR => format!("{} months", s / MONTH),
+        s if s < 18 * MONTH => "1 year".into(),
+        s if s < 2 * YEAR => "2 years".into(),
+        s if s < 37 * YEAR => format!("{} years", s / YEAR),
+        _ => "a long while".into(),
+    };
+    format!("{text} {suffix}")
+}
+
+fn info(global: &Global) -> anyhow::Result<()> {
+    let context = global.resolve()?;
+    let now = OffsetDateTime::now_utc();
+    let cert = context.credentials.certificate_info()?;
+    let mut warnings = Vec::new();
+    let remaining = cert.not_after - now;
+    let date = cert.not_after.date().to_string();
+    if remaining.is_negative() {
+        warnings.push(format!(
+            "the client certificate expired {} ({date}); Talos will refuse it: issue a new talosconfig",
+            relative(cert.not_after, now)
+        ));
+    } else if remaining.whole_days() < 30 {
+        warnings.push(format!(
+            "the client certificate expires {} ({date}); renew it soon",
+            relative(cert.not_after, now)
+        ));
+    }
+    if !cert.client_auth_only {
+        warnings.push(
+            "the client certificate's extended key usage is not exactly ClientAuth; current Talos releases refuse it".into(),
+        );
+    }
+    let info = Info {
+        context: context.name.clone(),
+        nodes: context.nodes.clone(),
+        endpoints: context.endpoints.clone(),
+        roles: cert.roles.clone(),
+        cert_ttl: relative(cert.not_after, now),
+        cert_not_after: date,
+        warnings,
+    };
+    if global.output != Output::Table {
+        return print_structured(global.output, &info);
+    }
+    let or_undefined = |v: &[String]| {
+        if v.is_empty() {
+            "not defined".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    println!("Current context:     {}", info.context);
+    println!("Nodes:               {}", or_undefined(&info.nodes));
+    println!("Endpoints:           {}", or_undefined(&info.endpoints));
+    if !info.roles.is_empty() {
+        println!("Roles:               {}", info.roles.join(", "));
+    }
+    println!(
+        "Certificate expires: {} ({})",
+        info.cert_ttl, info.cert_not_after
+    );
+    for warning in &info.warnings {
+        eprintln!("WARNING: {warning}");
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct ContextRow {
+    current: bool,
+    name: String,
+    endpoints: Vec<String>,
+    nodes: Vec<String>,
+}
+
+fn contexts(global: &Global) -> anyhow::Result<()> {
+    let (config, _) = global.load_config()?;
+    let rows: Vec<ContextRow> = config
+        .contexts
+        .iter()
+        .map(|(name, c)| ContextRow {
+            current: *name == config.context,
+            name: name.clone(),
+            endpoints: c.endpoints.clone(),
+            nodes: c.nodes.clone(),
+        })
+        .collect();
+    if global.output != Output::Table {
+        return print_structured(global.output, &rows);
+    }
+    let mut table = Table::new(&["CURRENT", "NAME", "ENDPOINTS", "NODES"]);
+    for row in rows {
+        let nodes = if row.nodes.len() > 3 {
+            format!("{}...", row.nodes[..3].join(","))
+        } else {
+            row.nodes.join(",")
+        };
+        table.row(vec![
+            if row.current {
+                "*".into()
+            } else {
+                String::new()
+            },
+            row.name,
+            row.endpoints.join(","),
+            nodes,
+        ]);
+    }
+    print!("{}", table.render());
+    Ok(())
+}
+
+fn use_context(global: &Global, name: &str) -> anyhow::Result<()> {
+    let (mut config, location) = global.load_config()?;
+    if !config.contexts.contains_key(name) {
+        return Err(ConfigError::UnknownContext {
+            path: location.path.clone(),
+            name: name.to_string(),
+            available: config.contexts.keys().cloned().collect(),
+        }
+        .into());
+    }
+    config.context = name.to_string();
+    config.save(&location)?;
+    eprintln!(
+        "current context is now {name:?} ({})",
+        location.path.display()
+    );
+    Ok(())
+}
+
+/// The file to merge into: the one in use, or (like talosctl) the first
+/// writable default location when none exists yet.
+fn merge_target(global: &Global) -> anyhow::Result<(TalosConfig, ConfigPath)> {
+    match global.load_config() {
+        Ok(found) => Ok(found),
+        Err(ConfigError::NotFound { .. }) => {
+            let location = default_paths()
+                .into_iter()
+                .find(|p| p.write_allowed)
+                .context("no writable talosconfig location (set TALOSCONFIG)")?;
+            Ok((TalosConfig::default(), location))
+        }
+        Err(ConfigError::Read { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound && global.talosconfig.is_some() =>
+        {
+            let path = global.talosconfig.clone().expect("checked");
+            Ok((
+                TalosConfig::default(),
+                ConfigPath {
+                    path,
+                    write_allowed: true,
+                },
+            ))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn merge(global: &Global, from: &std::path::Path) -> anyhow::Result<()> {
+    let incoming = TalosConfig::read(from)?;
+    let (mut config, location) = merge_target(global)?;
+    for rename in config.merge(incoming) {
+        eprintln!("renamed talosconfig context {rename}");
+    }
+    config.save(&location)?;
+    eprintln!("merged {} into {}", from.display(), location.path.display());
+    Ok(())
+}

@@ -1,0 +1,414 @@
+//! Saving a streamed snapshot: `PATH.part`, checks, rename, sidecar.
+
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+use tokio::sync::mpsc;
+
+use super::{
+    CheckFailure, SnapshotError, SnapshotReport, TRAILER_SIZE, check_database, compare_trailer,
+    has_trailer, report, split_io,
+};
+
+/// Size of each write buffer; two are in use (one filling, one writing).
+const BUFFER_SIZE: usize = 1 << 20;
+
+/// A snapshot [`save`] kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedSnapshot {
+    /// What it contains.
+    pub report: SnapshotReport,
+    /// Where it is.
+    pub path: PathBuf,
+    /// The JSON sidecar (`PATH.json`), a [`SnapshotMetadata`].
+    pub sidecar: PathBuf,
+    /// When it was saved.
+    pub time: OffsetDateTime,
+}
+
+/// The JSON sidecar written next to a saved snapshot (`PATH.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotMetadata {
+    /// The node the snapshot was taken from.
+    pub node: String,
+    /// When it was saved (RFC 3339, UTC).
+    #[serde(with = "time::serde::rfc3339")]
+    pub time: OffsetDateTime,
+    /// File size, trailer included.
+    pub size: u64,
+    /// sha256 of the contents, hex.
+    pub sha256: String,
+    /// The latest revision.
+    pub revision: i64,
+    /// Number of keys.
+    pub total_keys: u64,
+    /// Database size.
+    pub total_size: u64,
+    /// etcd's CRC-32C hash.
+    pub hash: u32,
+}
+
+/// Saves a streamed snapshot (e.g. [`crate::client::ByteStream`]) at `path`,
+/// verified.
+///
+/// The chunks go to `PATH.part` (mode 0600) through large buffers written on
+/// a blocking thread, which also computes the sha256 of everything but the
+/// last 32 bytes. `progress` is called with the byte count after every chunk.
+/// Then: fsync, trailer check, sha256 check, bbolt check, status; only when
+/// all pass is `PATH.part` renamed to `PATH` (replacing an older snapshot),
+/// the directory synced and `PATH.json` written atomically.
+///
+/// - A failed transfer removes `PATH.part` and returns
+///   [`SnapshotError::Transfer`]: nothing is left behind.
+/// - A failed check renames `PATH.part` to `PATH.corrupt` (replacing an
+///   older one) and returns [`SnapshotError::Check`] naming the check and the
+///   corrupt copy.
+///
+/// Either way an existing `PATH` is untouched. Dropping the future removes
+/// `PATH.part`.
+pub async fn save<S>(
+    mut chunks: S,
+    path: &Path,
+    node: &str,
+    progress: &mut (dyn FnMut(u64) + Send),
+) -> Result<SavedSnapshot, SnapshotError>
+where
+    S: Stream<Item = Result<Bytes, crate::client::Error>> + Unpin,
+{
+    let part = with_suffix(path, ".part");
+    let file = blocking(&part, {
+        let part = part.clone();
+        move || create_private(&part)
+    })
+    .await?;
+    let mut guard = PartGuard(Some(part.clone()));
+
+    // The writer thread takes full buffers and gives them back empty.
+    let (full_tx, mut full_rx) = mpsc::channel::<Vec<u8>>(1);
+    let (empty_tx, mut empty_rx) = mpsc::channel::<Vec<u8>>(2);
+    let abort = Arc::new(AtomicBool::new(false));
+    let _ = empty_tx.try_send(Vec::with_capacity(BUFFER_SIZE));
+    let writer = tokio::task::spawn_blocking({
+        let abort = abort.clone();
+        move || -> io::Result<Sink> {
+            let mut sink = Sink::new(file);
+            while let Some(mut buf) = full_rx.blocking_recv() {
+                sink.write(&buf)?;
+                buf.clear();
+                let _ = empty_tx.blocking_send(buf);
+            }
+            if !abort.load(Ordering::Relaxed) {
+                sink.file.sync_all()?;
+            }
+            Ok(sink)
+        }
+    });
+
+    let mut buf = Vec::with_capacity(BUFFER_SIZE);
+    let mut received = 0u64;
+    let mut transfer_error = None;
+    'stream: while let Some(item) = chunks.next().await {
+        let chunk = match item {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                transfer_error = Some(e);
+                break;
+            }
+        };
+        received += chunk.len() as u64;
+        let mut data = &chunk[..];
+        while !data.is_empty() {
+            let n = data.len().min(BUFFER_SIZE - buf.len());
+            buf.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if buf.len() == BUFFER_SIZE {
+                // A closed channel means the writer failed: its error is
+                // collected below.
+                if full_tx.send(buf).await.is_err() {
+                    buf = Vec::new();
+                    break 'stream;
+                }
+                match empty_rx.recv().await {
+                    Some(empty) => buf = empty,
+                    None => {
+                        buf = Vec::new();
+                        break 'stream;
+                    }
+                }
+            }
+        }
+        progress(received);
+    }
+    if transfer_error.is_some() {
+        abort.store(true, Ordering::Relaxed);
+    } else if !buf.is_empty() {
+        let _ = full_tx.send(buf).await;
+    }
+    drop(full_tx);
+    let written = writer.await.map_err(|e| SnapshotError::Io {
+        path: part.clone(),
+        source: io::Error::other(e),
+    });
+    if let Some(source) = transfer_error {
+        remove(&mut guard).await;
+        return Err(SnapshotError::Transfer {
+            source: Box::new(source),
+        });
+    }
+    let sink = match written? {
+        Ok(sink) => sink,
+        Err(source) => {
+            remove(&mut guard).await;
+            return Err(SnapshotError::Io { path: part, source });
+        }
+    };
+
+    let size = sink.written;
+    let checked = blocking(&part, {
+        let part = part.clone();
+        move || Ok(verify_part(sink, &part))
+    })
+    .await?;
+    let (digest, status) = match checked.map_err(split_io) {
+        Ok(ok) => ok,
+        Err(Err(io)) => {
+            remove(&mut guard).await;
+            return Err(io);
+        }
+        Err(Ok(failure)) => {
+            let corrupt = with_suffix(path, ".corrupt");
+            let (from, to) = (part.clone(), corrupt.clone());
+            blocking(&corrupt, move || fs::rename(&from, &to)).await?;
+            guard.0 = None;
+            return Err(SnapshotError::Check {
+                path: path.to_owned(),
+                corrupt_copy: Some(corrupt),
+                failure: Box::new(failure),
+            });
+        }
+    };
+
+    let report = report(size, &digest, &status);
+    let time = OffsetDateTime::now_utc();
+    let metadata = SnapshotMetadata {
+        node: node.to_owned(),
+        time,
+        size,
+        sha256: report.sha256.clone(),
+        revision: report.revision,
+        total_keys: report.total_keys,
+        total_size: report.total_size,
+        hash: report.hash,
+    };
+    let sidecar = with_suffix(path, ".json");
+    let (from, to, json) = (part.clone(), path.to_owned(), sidecar.clone());
+    blocking(path, move || {
+        fs::rename(&from, &to)?;
+        sync_parent(&to)?;
+        write_sidecar(&json, &metadata)
+    })
+    .await?;
+    guard.0 = None;
+    Ok(SavedSnapshot {
+        report,
+        path: path.to_owned(),
+        sidecar,
+        time,
+    })
+}
+
+/// The bytes written so far, with the sha256 of all but the last 32 of them.
+struct Sink {
+    file: File,
+    hasher: Sha256,
+    /// The last bytes seen (up to 32), not yet hashed: the trailer at the end.
+    lag: [u8; 32],
+    lag_len: usize,
+    written: u64,
+}
+
+impl Sink {
+    fn new(file: File) -> Sink {
+        Sink {
+            file,
+            hasher: Sha256::new(),
+            lag: [0; 32],
+            lag_len: 0,
+            written: 0,
+        }
+    }
+
+    fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        self.file.write_all(data)?;
+        self.written += data.len() as u64;
+        if data.len() >= 32 {
+            let cut = data.len() - 32;
+            self.hasher.update(&self.lag[..self.lag_len]);
+            self.hasher.update(&data[..cut]);
+            self.lag.copy_from_slice(&data[cut..]);
+            self.lag_len = 32;
+        } else {
+            let mut joined = [0u8; 64];
+            let total = self.lag_len + data.len();
+            joined[..self.lag_len].copy_from_slice(&self.lag[..self.lag_len]);
+            joined[self.lag_len..total].copy_from_slice(data);
+            let keep = total.min(32);
+            self.hasher.update(&joined[..total - keep]);
+            self.lag[..keep].copy_from_slice(&joined[total - keep..total]);
+            self.lag_len = keep;
+        }
+        Ok(())
+    }
+}
+
+/// The checks on the finished `.part` file: trailer, sha256, bbolt, status.
+fn verify_part(sink: Sink, part: &Path) -> Result<([u8; 32], super::Status), CheckFailure> {
+    let size = sink.written;
+    if !has_trailer(size) {
+        return Err(CheckFailure::MissingTrailer { size });
+    }
+    let digest: [u8; 32] = sink.hasher.finalize().into();
+    compare_trailer(&digest, &sink.lag)?;
+    // The writer's handle is write-only; open it again for reading.
+    let file = File::open(part).map_err(|source| {
+        CheckFailure::Bbolt(super::BboltError::Io {
+            path: part.to_owned(),
+            offset: 0,
+            source,
+        })
+    })?;
+    let status = check_database(file, part, size - TRAILER_SIZE)?;
+    Ok((digest, status))
+}
+
+/// Removes `PATH.part` when a save fails or is abandoned.
+struct PartGuard(Option<PathBuf>);
+
+impl Drop for PartGuard {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+async fn remove(guard: &mut PartGuard) {
+    if let Some(path) = guard.0.take() {
+        let _ = tokio::fs::remove_file(path).await;
+    }
+}
+
+/// Runs blocking file work off the runtime; errors name `path`.
+async fn blocking<T, F>(path: &Path, f: F) -> Result<T, SnapshotError>
+where
+    F: FnOnce() -> io::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    let io_error = |source| SnapshotError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| io_error(io::Error::other(e)))?
+        .map_err(io_error)
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = OsString::from(path.as_os_str());
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Creates (or truncates) a file readable and writable by the owner only.
+fn create_private(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // A file left by an earlier run keeps its mode: set it.
+    file.set_permissions(fs::Permissions::from_mode(0o600))?;
+    Ok(file)
+}
+
+fn sync_parent(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    File::open(dir)?.sync_all()
+}
+
+/// Writes the sidecar atomically: temporary file, fsync, rename, dir fsync.
+fn write_sidecar(path: &Path, metadata: &SnapshotMetadata) -> io::Result<()> {
+    let mut json = serde_json::to_vec_pretty(metadata).map_err(io::Error::other)?;
+    json.push(b'\n');
+    let tmp = with_suffix(path, ".tmp");
+    let result = (|| {
+        let mut file = create_private(&tmp)?;
+        file.write_all(&json)?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)?;
+        sync_parent(path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sink_hashes_all_but_the_last_32_bytes() {
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let dir = std::env::temp_dir().join(format!("talos-sink-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        // Odd split sizes, including ones below 32 bytes.
+        for splits in [
+            &[1usize, 31, 2, 33, 100][..],
+            &[5000],
+            &[10, 10, 10, 10],
+            &[4968, 1],
+        ] {
+            let mut sink = Sink::new(File::create(dir.join("x")).unwrap());
+            let mut at = 0;
+            let mut i = 0;
+            while at < data.len() {
+                let n = splits[i % splits.len()].min(data.len() - at);
+                sink.write(&data[at..at + n]).unwrap();
+                at += n;
+                i += 1;
+            }
+            let cut = data.len() - 32;
+            assert_eq!(sink.lag_len, 32);
+            assert_eq!(&sink.lag[..], &data[cut..]);
+            let digest: [u8; 32] = sink.hasher.finalize().into();
+            let expected: [u8; 32] = Sha256::digest(&data[..cut]).into();
+            assert_eq!(digest, expected, "splits {splits:?}");
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn suffixes() {
+        assert_eq!(
+            with_suffix(Path::new("/a/b.db"), ".part"),
+            Path::new("/a/b.db.part")
+        );
+    }
+}

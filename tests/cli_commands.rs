@@ -1,0 +1,341 @@
+//! The real talosctl-rs binary: version, config, apply-config, reset,
+//! completion, man, and exit codes.
+
+mod common;
+
+use common::cli::{run, run_bare};
+use common::sim::SimCluster;
+use talos_client::config::{Context, TalosConfig};
+use talos_client::sim::pki::{Ca, LeafSpec};
+use time::OffsetDateTime;
+
+#[tokio::test]
+async fn version_and_config_info() {
+    let sim = SimCluster::start(1).await;
+    let tc = sim.dir.path().join("talosconfig");
+    let version = run(&tc, &["-o", "json", "version"]).await.ok().json();
+    assert_eq!(version[0]["node"], sim.ip(1));
+    assert_eq!(version[0]["result"]["tag"], "v1.13.9");
+    let table = run(&tc, &["version"]).await.ok();
+    assert!(table.stdout.starts_with("Client:\n"), "{}", table.stdout);
+    assert!(
+        table.stdout.contains("Server:\n\tNODE:        "),
+        "{}",
+        table.stdout
+    );
+
+    let info = run(&tc, &["-o", "json", "config", "info"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(info["context"], "sim");
+    assert_eq!(info["roles"], serde_json::json!(["os:admin"]));
+    assert_eq!(info["nodes"], serde_json::json!([sim.ip(1)]));
+    assert!(info["certTTL"].as_str().unwrap().ends_with("from now"));
+    assert!(info["warnings"].as_array().unwrap().is_empty());
+    let text = run(&tc, &["config", "info"]).await.ok();
+    assert!(
+        text.stdout.starts_with("Current context:     sim\n"),
+        "{}",
+        text.stdout
+    );
+}
+
+fn expiring_talosconfig(dir: &std::path::Path, not_after: OffsetDateTime) -> std::path::PathBuf {
+    let ca = Ca::generate().unwrap();
+    let not_before = not_after - std::time::Duration::from_secs(86400 * 400);
+    let crt = ca
+        .issue(&LeafSpec::client(&["os:reader"]).valid(not_before, not_after))
+        .unwrap();
+    let context = Context::new(
+        vec!["127.0.0.1".into()],
+        ca.cert_pem.as_bytes(),
+        crt.cert_pem.as_bytes(),
+        crt.key_pem.as_bytes(),
+    );
+    let path = dir.join("talosconfig-expiry");
+    std::fs::write(&path, TalosConfig::with_context("old", context).to_yaml()).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn config_info_reports_expired_and_expiring_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = OffsetDateTime::now_utc();
+    let expired = expiring_talosconfig(dir.path(), now - std::time::Duration::from_secs(3 * 86400));
+    let out = run(&expired, &["config", "info"]).await.ok();
+    assert!(
+        out.stdout.contains("Certificate expires: 3 days ago"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stderr
+            .contains("WARNING: the client certificate expired"),
+        "{}",
+        out.stderr
+    );
+    // Connecting with it is refused before any network traffic.
+    let call = run(&expired, &["version"]).await;
+    assert_eq!(call.code, 1);
+    assert!(call.stderr.contains("expired at"), "{}", call.stderr);
+
+    let soon = expiring_talosconfig(dir.path(), now + std::time::Duration::from_secs(10 * 86400));
+    let info = run(&soon, &["-o", "json", "config", "info"])
+        .await
+        .ok()
+        .json();
+    assert!(
+        info["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("renew it soon"),
+        "{info}"
+    );
+}
+
+#[tokio::test]
+async fn contexts_switching_and_merge() {
+    let sim = SimCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tc = dir.path().join("config");
+    std::fs::copy(sim.dir.path().join("talosconfig"), &tc).unwrap();
+    let reader = sim.dir.path().join("talosconfig-reader");
+
+    let merged = run(&tc, &["config", "merge", reader.to_str().unwrap()])
+        .await
+        .ok();
+    assert!(
+        merged
+            .stderr
+            .contains("renamed talosconfig context \"sim\" -> \"sim-1\""),
+        "{}",
+        merged.stderr
+    );
+    let contexts = run(&tc, &["-o", "json", "config", "contexts"])
+        .await
+        .ok()
+        .json();
+    let names: Vec<_> = contexts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].clone(), c["current"].clone()))
+        .collect();
+    assert_eq!(
+        names,
+        [("sim".into(), false.into()), ("sim-1".into(), true.into())]
+    );
+    let info = run(&tc, &["-o", "json", "config", "info"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(info["roles"], serde_json::json!(["os:reader"]));
+
+    run(&tc, &["config", "context", "sim"]).await.ok();
+    let info = run(&tc, &["-o", "json", "config", "info"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(info["roles"], serde_json::json!(["os:admin"]));
+    // --context overrides the current one for one command.
+    let info = run(&tc, &["-o", "json", "--context", "sim-1", "config", "info"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(info["context"], "sim-1");
+
+    let unknown = run(&tc, &["config", "context", "nope"]).await;
+    assert_eq!(unknown.code, 1);
+    assert!(
+        unknown
+            .stderr
+            .contains("context \"nope\" not found (available: sim, sim-1)"),
+        "{}",
+        unknown.stderr
+    );
+    let table = run(&tc, &["config", "contexts"]).await.ok();
+    assert!(
+        table.stdout.starts_with("CURRENT   NAME"),
+        "{}",
+        table.stdout
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&tc).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+}
+
+#[tokio::test]
+async fn apply_config_dry_run_try_and_bad_input() {
+    let sim = SimCluster::start(1).await;
+    let tc = sim.dir.path().join("talosconfig");
+    let changed = sim.dir.path().join("changed.yaml");
+    let original = std::fs::read_to_string(sim.dir.path().join("controlplane.yaml")).unwrap();
+    std::fs::write(
+        &changed,
+        original.replace("clusterName: talos-sim", "clusterName: renamed"),
+    )
+    .unwrap();
+    let file = changed.to_str().unwrap();
+
+    let dry = run(&tc, &["apply-config", "-f", file, "--dry-run"])
+        .await
+        .ok();
+    assert!(dry.stderr.contains("Dry run summary:"), "{}", dry.stderr);
+    assert!(
+        dry.stderr.contains("+  clusterName: renamed"),
+        "{}",
+        dry.stderr
+    );
+
+    let tried = run(
+        &tc,
+        &[
+            "-o",
+            "json",
+            "apply-config",
+            "-f",
+            file,
+            "-m",
+            "try",
+            "--timeout",
+            "2m",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(tried[0]["result"]["mode"], "try");
+    assert!(
+        tried[0]["result"]["mode_details"]
+            .as_str()
+            .unwrap()
+            .ends_with("reverted back in 2m0s")
+    );
+    assert!(sim.cluster.node("cp-1").unwrap().rollback_pending());
+    let confirmed = run(
+        &tc,
+        &["-o", "json", "apply-config", "-f", file, "-m", "no-reboot"],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(confirmed[0]["result"]["mode"], "no-reboot");
+    assert!(!sim.cluster.node("cp-1").unwrap().rollback_pending());
+
+    let missing = run(&tc, &["apply-config", "-f", "/nonexistent.yaml"]).await;
+    assert_eq!(missing.code, 1);
+    assert!(
+        missing
+            .stderr
+            .contains("--file /nonexistent.yaml: cannot read"),
+        "{}",
+        missing.stderr
+    );
+    let no_file = run(&tc, &["apply-config"]).await;
+    assert_eq!(no_file.code, 2);
+    let bad_mode = run(&tc, &["apply-config", "-f", file, "-m", "sometimes"]).await;
+    assert_eq!(bad_mode.code, 2);
+    let invalid = sim.dir.path().join("invalid.yaml");
+    std::fs::write(&invalid, "version: v1alpha1\nmachine: [\n").unwrap();
+    let rejected = run(&tc, &["apply-config", "-f", invalid.to_str().unwrap()]).await;
+    assert_eq!(rejected.code, 1);
+    assert!(
+        rejected.stderr.contains("invalid argument"),
+        "{}",
+        rejected.stderr
+    );
+}
+
+#[tokio::test]
+async fn reset_guards_quorum_and_waits_for_power_off() {
+    let sim = SimCluster::start(3).await;
+    let tc = sim.dir.path().join("talosconfig");
+    let n3 = sim.ip(3);
+    let refused = run(&tc, &["-n", &n3, "reset", "--graceful=false"]).await;
+    assert_eq!(refused.code, 1);
+    assert!(
+        refused.stderr.contains("still a voting etcd member"),
+        "{}",
+        refused.stderr
+    );
+    assert!(refused.stderr.contains("ops retire"), "{}", refused.stderr);
+    // Nothing changed.
+    run(&tc, &["-n", &n3, "version"]).await.ok();
+
+    let bad_label = run(
+        &tc,
+        &["-n", &n3, "reset", "--system-labels-to-wipe", "BOGUS"],
+    )
+    .await;
+    assert_eq!(bad_label.code, 1);
+    assert!(
+        bad_label.stderr.contains("\"BOGUS\""),
+        "{}",
+        bad_label.stderr
+    );
+    let usage = run(&tc, &["reset", "--wipe-mode", "everything"]).await;
+    assert_eq!(usage.code, 2);
+
+    let reset = run(
+        &tc,
+        &[
+            "-n",
+            &n3,
+            "reset",
+            "--system-labels-to-wipe",
+            "STATE,EPHEMERAL",
+            "--timeout",
+            "1m",
+        ],
+    )
+    .await
+    .ok();
+    assert!(reset.stderr.contains("reset accepted"), "{}", reset.stderr);
+    assert!(
+        reset.stderr.contains(&format!("{n3}: done")),
+        "{}",
+        reset.stderr
+    );
+    let down = run(&tc, &["-n", &n3, "version"]).await;
+    assert_eq!(down.code, 1);
+    let members = run(&tc, &["-o", "json", "etcd", "members"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(
+        members[0]["result"].as_array().unwrap().len(),
+        2,
+        "graceful: it left etcd first"
+    );
+}
+
+#[tokio::test]
+async fn completion_man_and_usage_errors() {
+    let home = tempfile::tempdir().unwrap();
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run_bare(home.path(), &["completion", shell]).await.ok();
+        assert!(out.stdout.contains("talosctl-rs"), "{shell}");
+    }
+    let man = run_bare(home.path(), &["man"]).await.ok();
+    assert!(
+        man.stdout.starts_with(".ie") || man.stdout.contains(".TH talosctl-rs"),
+        "{}",
+        &man.stdout[..200]
+    );
+
+    let usage = run_bare(home.path(), &["etcd", "frobnicate"]).await;
+    assert_eq!(usage.code, 2);
+    let no_config = run_bare(home.path(), &["etcd", "members"]).await;
+    assert_eq!(no_config.code, 1);
+    let lines: Vec<_> = no_config.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", no_config.stderr);
+    assert!(
+        lines[0].starts_with("error: no talosconfig found"),
+        "{}",
+        no_config.stderr
+    );
+    assert!(lines[1].starts_with("hint: "), "{}", no_config.stderr);
+}

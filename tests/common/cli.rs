@@ -1,0 +1,81 @@
+//! Running the real `talosctl-rs` binary in tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The built CLI.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_talosctl-rs"))
+}
+
+/// What a CLI run produced.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    fn from(output: Output) -> Run {
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Fails the test unless the command succeeded.
+    pub fn ok(self) -> Run {
+        assert_eq!(
+            self.code, 0,
+            "stdout:\n{}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+
+    /// Parses stdout as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
+    }
+}
+
+/// A command line with `--talosconfig` set; environment that could point it
+/// elsewhere is cleared.
+pub fn command(talosconfig: &Path) -> Command {
+    let mut command = Command::new(binary());
+    command
+        .arg("--talosconfig")
+        .arg(talosconfig)
+        .env_remove("TALOSCONFIG")
+        .env_remove("TALOS_HOME");
+    command
+}
+
+/// Runs the CLI (in a blocking thread, so an in-process simulator keeps
+/// serving) and collects its output.
+pub async fn run(talosconfig: &Path, args: &[&str]) -> Run {
+    let mut command = command(talosconfig);
+    command.args(args);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("the CLI runs");
+    Run::from(output)
+}
+
+/// Runs the CLI without a talosconfig flag, with `HOME` pointing at `home`.
+pub async fn run_bare(home: &Path, args: &[&str]) -> Run {
+    let mut command = Command::new(binary());
+    command
+        .args(args)
+        .env_remove("TALOSCONFIG")
+        .env_remove("TALOS_HOME")
+        .env("HOME", home);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("the CLI runs");
+    Run::from(output)
+}

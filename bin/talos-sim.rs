@@ -33,6 +33,17 @@ enum Command {
         /// The directory `talos-sim up` runs in.
         dir: PathBuf,
     },
+    /// Write COUNT keys of VALUE_SIZE bytes into the cluster running in DIR.
+    Fill {
+        /// The directory `talos-sim up` runs in.
+        dir: PathBuf,
+        /// How many keys.
+        #[arg(long, default_value_t = 100)]
+        count: usize,
+        /// Bytes per value (etcd accepts up to about 1.5 MiB).
+        #[arg(long, default_value_t = 1024)]
+        value_size: usize,
+    },
     /// Write an example Talos PKI and talosconfig into DIR.
     GenCerts {
         /// Where to write them.
@@ -80,7 +91,21 @@ async fn main() -> std::process::ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Up(args) => up(args).await,
-        Command::AddNode { dir } => add_node(&dir).await,
+        Command::AddNode { dir } => control(&dir, "add-node").await.map(|reply| {
+            let node = &reply["node"];
+            println!(
+                "added {} at {} (etcd learner, promoted once caught up)",
+                node["name"].as_str().unwrap_or_default(),
+                node["api"].as_str().unwrap_or_default()
+            );
+        }),
+        Command::Fill {
+            dir,
+            count,
+            value_size,
+        } => control(&dir, &format!("fill {count} {value_size}"))
+            .await
+            .map(|_| println!("wrote {count} keys of {value_size} bytes")),
         Command::GenCerts { dir } => gen_certs(&dir),
     };
     match result {
@@ -175,7 +200,8 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn add_node(dir: &Path) -> anyhow::Result<()> {
+/// Sends one request to the cluster running in `dir` and returns its reply.
+async fn control(dir: &Path, request: &str) -> anyhow::Result<serde_json::Value> {
     use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
     let socket = dir.join("control.sock");
     let stream = tokio::net::UnixStream::connect(&socket)
@@ -188,23 +214,17 @@ async fn add_node(dir: &Path) -> anyhow::Result<()> {
             )
         })?;
     let (read, mut write) = stream.into_split();
-    write.write_all(b"add-node\n").await?;
+    write.write_all(format!("{request}\n").as_bytes()).await?;
     let mut lines = tokio::io::BufReader::new(read).lines();
-    let reply = tokio::time::timeout(Duration::from_secs(180), lines.next_line())
+    let reply = tokio::time::timeout(Duration::from_secs(3600), lines.next_line())
         .await
-        .context("timed out waiting for the new node")??
+        .context("timed out waiting for talos-sim")??
         .context("talos-sim closed the connection")?;
     let reply: serde_json::Value = serde_json::from_str(&reply)?;
     if reply["ok"] != true {
-        bail!("{}", reply["error"].as_str().unwrap_or("add-node failed"));
+        bail!("{}", reply["error"].as_str().unwrap_or("request failed"));
     }
-    let node = &reply["node"];
-    println!(
-        "added {} at {} (etcd learner, promoted once caught up)",
-        node["name"].as_str().unwrap_or_default(),
-        node["api"].as_str().unwrap_or_default()
-    );
-    Ok(())
+    Ok(reply)
 }
 
 /// Writes the example PKI: CA, a server certificate for 127.0.0.1 and the

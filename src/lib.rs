@@ -46,3 +46,8 @@ pub use client::{
 };
 #[cfg(feature = "sim")]
 pub mod sim;
+
+/// The README's Rust examples, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -6,19 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tonic::transport::Channel;
 
 use super::etcd_client::EtcdClient;
 use super::etcd_process::ClusterState;
-use super::front;
-use super::machined::Machined;
 use super::node::{Node, NodeLayout, Power};
 use super::pki::{Ca, LeafSpec};
-use super::serve::tls_incoming;
 use super::{SimConfig, SimError};
-use crate::api::cluster::HealthCheckProgress;
 use crate::client::transport::{Connection, Settings};
 use crate::config::{Context, TalosConfig, loader::EndpointAddr};
 use crate::tls::Credentials;
@@ -249,22 +244,15 @@ impl Cluster {
         Ok(())
     }
 
-    /// Writes `count` keys of `value_size` bytes through the first running
-    /// node's etcd (to give snapshots some weight).
+    /// Writes `count` keys of `value_size` bytes through the running nodes'
+    /// etcd (to give snapshots some weight).
     pub async fn fill(
         &self,
         prefix: &str,
         count: usize,
         value_size: usize,
     ) -> Result<(), SimError> {
-        let client = EtcdClient::connect(&self.shared.control_plane_etcd_urls()).await?;
-        let value = vec![b'x'; value_size];
-        for i in 0..count {
-            client
-                .put(format!("{prefix}{i:08}").into_bytes(), value.clone())
-                .await?;
-        }
-        Ok(())
+        self.shared.fill(prefix, count, value_size).await
     }
 
     /// Adds a control-plane node whose etcd joins as a learner and is
@@ -273,7 +261,7 @@ impl Cluster {
         self.shared.add_node().await
     }
 
-    /// Answers `add-node` and `nodes` requests (one line each, JSON reply) on
+    /// Answers `add-node`, `nodes` and `fill COUNT VALUE_SIZE` requests (one line each, JSON reply) on
     /// a Unix socket (mode 0600) until the cluster shuts down.
     pub fn serve_control(&self, socket: &Path) -> Result<(), SimError> {
         use std::os::unix::fs::PermissionsExt as _;
@@ -302,6 +290,17 @@ impl Cluster {
 }
 
 impl Shared {
+    async fn fill(&self, prefix: &str, count: usize, value_size: usize) -> Result<(), SimError> {
+        let client = EtcdClient::connect(&self.control_plane_etcd_urls()).await?;
+        let value = vec![b'x'; value_size];
+        for i in 0..count {
+            client
+                .put(format!("{prefix}{i:08}").into_bytes(), value.clone())
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn add_node(self: &Arc<Self>) -> Result<NodeInfo, SimError> {
         let _one_at_a_time = self.add_lock.lock().await;
         let index = self.nodes().len() + 1;
@@ -317,12 +316,23 @@ impl Shared {
         let (read, mut write) = stream.into_split();
         let mut lines = tokio::io::BufReader::new(read).lines();
         while let Ok(Some(line)) = lines.next_line().await {
-            let reply = match line.trim() {
-                "add-node" => match self.add_node().await {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let reply = match words.as_slice() {
+                ["fill", count, size] => match (count.parse(), size.parse()) {
+                    (Ok(count), Ok(size)) => match self.fill("/talos-sim/fill/", count, size).await
+                    {
+                        Ok(()) => serde_json::json!({ "ok": true }),
+                        Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }),
+                    },
+                    _ => {
+                        serde_json::json!({ "ok": false, "error": "usage: fill COUNT VALUE_SIZE" })
+                    }
+                },
+                ["add-node"] => match self.add_node().await {
                     Ok(info) => serde_json::json!({ "ok": true, "node": info }),
                     Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }),
                 },
-                "nodes" => {
+                ["nodes"] => {
                     let nodes: Vec<_> = self.nodes().iter().map(|n| NodeInfo::of(n)).collect();
                     serde_json::json!({ "ok": true, "nodes": nodes })
                 }
@@ -441,207 +451,6 @@ impl Shared {
         }
     }
 
-    /// Serves the node's API on its address until its power goes off.
-    pub(crate) async fn start_front(self: &Arc<Self>, node: &Arc<Node>) -> Result<(), SimError> {
-        let addr = node.api_addr();
-        let listener = bind_with_retry(&addr).await?;
-        let token = CancellationToken::new();
-        node.set_front(Some(token.clone()));
-        let machined = Machined {
-            node: node.clone(),
-            shared: self.clone(),
-        };
-        let (machine_front, cluster_front) = front::services(machined);
-        let incoming = tls_incoming(listener, node.server_tls.clone(), token.clone());
-        tokio::spawn(async move {
-            let served = tonic::transport::Server::builder()
-                .add_service(machine_front)
-                .add_service(cluster_front)
-                .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
-                .await;
-            if let Err(e) = served {
-                tracing::warn!(error = %e, "node API stopped");
-            }
-        });
-        node.set_power(Power::On);
-        Ok(())
-    }
-
-    /// Powers a node off: its API stops answering (open connections break)
-    /// and etcd stops, keeping its data.
-    pub(crate) async fn power_off(&self, node: &Node) {
-        node.set_front(None);
-        node.set_power(Power::Off);
-        node.stop_etcd().await;
-    }
-
-    /// Reboots a node: down for the boot delay, then up with its persisted
-    /// (or staged) configuration.
-    pub(crate) async fn reboot(self: &Arc<Self>, node: &Arc<Node>) {
-        node.set_front(None);
-        node.set_power(Power::Rebooting);
-        node.stop_etcd().await;
-        tokio::time::sleep(self.cfg.boot_delay).await;
-        {
-            let mut state = node.config.lock().expect("config lock");
-            if let Some(rollback) = state.rollback.take() {
-                rollback.abort();
-            }
-            if let Some(persisted) = node.persisted_config() {
-                state.active = persisted;
-            }
-            state.staged = None;
-            state.rebooting = false;
-        }
-        self.boot(node).await;
-    }
-
-    /// Brings a node up: etcd from its data (or joining the cluster anew when
-    /// its data was wiped but it still has a configuration), then its API.
-    async fn boot(self: &Arc<Self>, node: &Arc<Node>) {
-        if node.is_configured() {
-            let started = if node.etcd_data_dir().join("member").exists() {
-                node.restart_etcd().await
-            } else {
-                self.join_etcd(node).await
-            };
-            if let Err(e) = started {
-                tracing::warn!(node = %node.name, error = %e, "etcd did not start after boot");
-            }
-        }
-        if let Err(e) = self.start_front(node).await {
-            tracing::warn!(node = %node.name, error = %e, "node API did not start after boot");
-        }
-    }
-
-    /// The reset sequence, after the call has been answered: leave etcd when
-    /// graceful (abort if that fails), stop, wipe, then power off or reboot.
-    pub(crate) async fn reset(
-        self: &Arc<Self>,
-        node: &Arc<Node>,
-        graceful: bool,
-        reboot: bool,
-        labels: &[String],
-    ) {
-        let _one_reset = node.reset_lock.lock().await;
-        if graceful
-            && node.etcd_running().await
-            && let Err(status) = super::machined_etcd::leave_cluster(node, self).await
-        {
-            tracing::warn!(node = %node.name, error = %status.message(), "reset aborted: leaving etcd failed");
-            return;
-        }
-        node.set_front(None);
-        node.set_power(Power::Rebooting);
-        node.stop_etcd().await;
-        for label in labels {
-            if let Err(e) = node.wipe(label) {
-                tracing::warn!(node = %node.name, %label, error = %e, "wipe failed");
-            }
-        }
-        if reboot {
-            tokio::time::sleep(self.cfg.boot_delay).await;
-            self.boot(node).await;
-        } else {
-            node.set_power(Power::Off);
-        }
-    }
-
-    /// Adds `node` to the etcd cluster as a learner, starts its member, and
-    /// promotes it once it has caught up (in the background).
-    async fn join_etcd(self: &Arc<Self>, node: &Arc<Node>) -> Result<(), SimError> {
-        let peers: Vec<String> = self
-            .nodes()
-            .iter()
-            .filter(|n| n.name != node.name && n.is_configured() && n.power() == Power::On)
-            .map(|n| n.etcd_client_url())
-            .collect();
-        if peers.is_empty() {
-            return Err(SimError::Refused("no running etcd member to join".into()));
-        }
-        let client = EtcdClient::connect(&peers).await?;
-        // etcd refuses new members until the cluster has been fully connected
-        // for a few seconds ("unhealthy cluster"); Talos retries the same way.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let member = loop {
-            match client.member_add(&node.etcd_peer_url(), true).await {
-                Ok(member) => break member,
-                Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(s) => return Err(s.into()),
-            }
-        };
-        let initial_cluster = client
-            .member_list()
-            .await?
-            .into_iter()
-            .filter_map(|m| {
-                let name = if m.id == member.id {
-                    node.name.clone()
-                } else {
-                    m.name.clone()
-                };
-                m.peer_ur_ls.first().map(|url| format!("{name}={url}"))
-            })
-            .collect::<Vec<_>>()
-            .join(",");
-        node.start_etcd(initial_cluster, ClusterState::Existing)
-            .await?;
-        let name = node.name.clone();
-        tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(300);
-            while Instant::now() < deadline {
-                match client.member_promote(member.id).await {
-                    Ok(()) => {
-                        tracing::info!(node = %name, "learner promoted to voting member");
-                        return;
-                    }
-                    Err(s) if s.message().contains("not a learner") => return,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
-                }
-            }
-        });
-        Ok(())
-    }
-
-    /// Starts etcd on a node without data: a new single-member cluster, or
-    /// one restored from the snapshot uploaded with EtcdRecover.
-    pub(crate) async fn bootstrap(
-        &self,
-        node: &Node,
-        recover: bool,
-        skip_hash_check: bool,
-    ) -> Result<(), Status> {
-        let data = node.etcd_data_dir();
-        if std::fs::read_dir(&data)
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(false)
-        {
-            return Err(Status::already_exists("etcd data directory is not empty"));
-        }
-        let initial_cluster = format!("{}={}", node.name, node.etcd_peer_url());
-        if recover {
-            let snapshot = node.recovery_snapshot_path();
-            if !snapshot.exists() {
-                return Err(Status::failed_precondition(
-                    "no etcd snapshot was uploaded for recovery",
-                ));
-            }
-            super::etcd_process::restore_snapshot(
-                &snapshot,
-                node,
-                &initial_cluster,
-                skip_hash_check,
-            )
-            .await
-            .map_err(|e| Status::unknown(format!("failed to recover etcd: {e}")))?;
-        }
-        node.start_etcd(initial_cluster, ClusterState::New)
-            .await
-            .map_err(|e| Status::unknown(e.to_string()))
-    }
-
     async fn wait_for_leader(&self, timeout: Duration) -> Result<(), SimError> {
         let deadline = Instant::now() + timeout;
         let urls = self.control_plane_etcd_urls();
@@ -660,123 +469,6 @@ impl Shared {
                 return Err(SimError::Refused("etcd elected no leader in time".into()));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Streams the server-side health checks: every running control-plane
-    /// node's etcd answers, all see the same members, and the members are
-    /// exactly the control-plane nodes. Each check is retried until `wait`.
-    pub(crate) async fn health_check(
-        &self,
-        wait: Duration,
-        tx: tokio::sync::mpsc::Sender<Result<HealthCheckProgress, Status>>,
-    ) {
-        let progress = |message: String| {
-            Ok(HealthCheckProgress {
-                metadata: None,
-                message,
-            })
-        };
-        let deadline = Instant::now() + wait;
-        let nodes: Vec<_> = self
-            .nodes()
-            .into_iter()
-            .filter(|n| n.is_configured() && n.power() == Power::On)
-            .collect();
-        let names: Vec<_> = nodes.iter().map(|n| n.name.clone()).collect();
-        let _ = tx
-            .send(progress(format!(
-                "discovered nodes: control plane: {names:?}"
-            )))
-            .await;
-        for check in [
-            "etcd to be healthy",
-            "etcd members to be consistent across nodes",
-            "etcd members to be control plane nodes",
-        ] {
-            let _ = tx.send(progress(format!("waiting for {check}"))).await;
-            loop {
-                let outcome = self.health_step(check, &nodes).await;
-                match outcome {
-                    Ok(()) => {
-                        let _ = tx.send(progress(format!("waiting for {check}: OK"))).await;
-                        break;
-                    }
-                    Err(reason) if Instant::now() >= deadline => {
-                        let _ = tx
-                            .send(Err(Status::deadline_exceeded(format!(
-                                "waiting for {check}: {reason}"
-                            ))))
-                            .await;
-                        return;
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-                }
-            }
-        }
-    }
-
-    async fn health_step(&self, check: &str, nodes: &[Arc<Node>]) -> Result<(), String> {
-        let mut lists = Vec::new();
-        for node in nodes {
-            let (client, url) = node
-                .local_etcd("health")
-                .await
-                .map_err(|s| format!("{}: {}", node.name, s.message()))?;
-            if check == "etcd to be healthy" {
-                client
-                    .status(&url)
-                    .await
-                    .map_err(|s| format!("{}: {}", node.name, s.message()))?;
-                continue;
-            }
-            let mut members: Vec<String> = client
-                .member_list()
-                .await
-                .map_err(|s| format!("{}: {}", node.name, s.message()))?
-                .into_iter()
-                .map(|m| m.name)
-                .collect();
-            members.sort();
-            lists.push(members);
-        }
-        match check {
-            "etcd members to be consistent across nodes"
-                if lists.windows(2).any(|w| w[0] != w[1]) =>
-            {
-                Err(format!("member lists differ: {lists:?}"))
-            }
-            "etcd members to be control plane nodes" => {
-                let mut expected: Vec<_> = nodes.iter().map(|n| n.name.clone()).collect();
-                expected.sort();
-                match lists.first() {
-                    Some(members) if *members != expected => Err(format!(
-                        "members {members:?}, control plane nodes {expected:?}"
-                    )),
-                    _ => Ok(()),
-                }
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-/// Binds the API address, retrying briefly while a previous listener of the
-/// same node is still closing.
-async fn bind_with_retry(addr: &str) -> Result<tokio::net::TcpListener, SimError> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match tokio::net::TcpListener::bind(addr).await {
-            Ok(listener) => return Ok(listener),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(source) => {
-                return Err(SimError::Bind {
-                    addr: addr.to_string(),
-                    source,
-                });
-            }
         }
     }
 }

@@ -26,6 +26,8 @@ mod diff;
 pub mod etcd_client;
 pub mod etcd_process;
 mod front;
+mod health;
+mod lifecycle;
 mod machined;
 mod machined_etcd;
 pub mod node;

@@ -320,14 +320,16 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(pki: &TestPki, hostname: &str) -> TestServer {
+        TestServer::start_with(pki.server_credentials(), hostname).await
+    }
+
+    /// A server presenting the given server identity.
+    pub async fn start_with(server: Credentials, hostname: &str) -> TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = listener.local_addr().unwrap();
-        let config = pki
-            .server_credentials()
-            .server_config()
-            .expect("server TLS");
+        let config = server.server_config().expect("server TLS");
         let state = Arc::new(State::default());
         let service = TestService {
             hostname: hostname.to_string(),

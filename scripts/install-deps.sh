@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what the simulator, the tests and the benchmark need from Debian:
+# etcd (etcd-server), etcdctl (etcd-client) and GNU time. Rust (cargo) and,
+# for the interop tests, Go must already be on the machine.
+set -euo pipefail
+
+need=()
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
+[ -x /usr/bin/time ] || need+=(time)
+
+if ((${#need[@]})); then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "installing ${need[*]} (apt-get)" >&2
+  $sudo apt-get update
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${need[@]}"
+fi
+
+command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }

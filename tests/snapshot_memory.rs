@@ -6,7 +6,7 @@
 //! its peak resident memory (`VmHWM`). The snapshot is made by a real etcd
 //! holding `SNAPSHOT_MEMTEST_MIB` (default 256) MiB of 1 MB values.
 
-#[path = "snapshot_support.rs"]
+#[path = "support/etcd.rs"]
 mod support;
 
 use std::time::Instant;

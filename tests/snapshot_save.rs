@@ -1,7 +1,7 @@
 //! `snapshot::save` from a stream of 1 KiB chunks of a real etcd snapshot:
 //! what it keeps, what it rejects, and what it leaves behind.
 
-#[path = "snapshot_support.rs"]
+#[path = "support/etcd.rs"]
 mod support;
 
 use std::os::unix::fs::PermissionsExt;

@@ -1,7 +1,7 @@
 //! Verification of real etcd 3.4 snapshots: our status against
 //! `etcdctl snapshot status`, and rejection of damaged files.
 
-#[path = "snapshot_support.rs"]
+#[path = "support/etcd.rs"]
 mod support;
 
 use std::path::Path;

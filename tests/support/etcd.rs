@@ -1,8 +1,7 @@
 //! Test support for the snapshot tests: a throwaway single-member etcd (the
 //! Debian `etcd` 3.4 and `etcdctl` binaries) and snapshots taken from it.
 //!
-//! Included by the other `snapshot_*` test files with `#[path]`; on its own
-//! this file is an empty test binary.
+//! Included by the `snapshot_*` test files with `#[path]`.
 
 #![allow(dead_code)]
 

@@ -116,7 +116,7 @@ fn verifying_a_large_snapshot_keeps_memory_flat() {
             started.elapsed()
         );
         assert!(growth_kib < 16 * 1024, "verify_file: {growth_kib} KiB");
-        assert_eq!(report.hash, ours.hash);
-        assert_eq!(report.total_size, size - 32);
+        assert_eq!(report.status.hash, ours.hash);
+        assert_eq!(report.status.total_size, size - 32);
     }
 }

@@ -46,19 +46,39 @@ fn status_matches_etcdctl() {
     let report = verify_file(&path).expect("a real snapshot verifies");
     let etcdctl = etcdctl_status(&path);
     eprintln!("ours: {report:?}\netcdctl: {etcdctl}");
-    assert_eq!(u64::from(report.hash), etcdctl["hash"].as_u64().unwrap());
-    assert_eq!(report.revision, etcdctl["revision"].as_i64().unwrap());
-    assert_eq!(report.total_keys, etcdctl["totalKey"].as_u64().unwrap());
-    assert_eq!(report.total_size, etcdctl["totalSize"].as_u64().unwrap());
+    assert_eq!(
+        u64::from(report.status.hash),
+        etcdctl["hash"].as_u64().unwrap()
+    );
+    assert_eq!(
+        report.status.revision,
+        etcdctl["revision"].as_i64().unwrap()
+    );
+    assert_eq!(
+        report.status.total_keys,
+        etcdctl["totalKey"].as_u64().unwrap()
+    );
+    assert_eq!(
+        report.status.total_size,
+        etcdctl["totalSize"].as_u64().unwrap()
+    );
 
     assert_eq!(report.size, snapshot.len() as u64);
-    assert_eq!(report.total_size, report.size - 32);
+    assert_eq!(report.status.total_size, report.size - 32);
     let trailer = &snapshot[snapshot.len() - 32..];
     let hex: String = trailer.iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(report.sha256, hex);
     // 400 puts, 240 overwrites, 58 deletes, 3 big puts, all in revisions.
-    assert!(report.revision >= 9, "revision {}", report.revision);
-    assert!(report.total_keys > 700, "total keys {}", report.total_keys);
+    assert!(
+        report.status.revision >= 9,
+        "revision {}",
+        report.status.revision
+    );
+    assert!(
+        report.status.total_keys > 700,
+        "total keys {}",
+        report.status.total_keys
+    );
 }
 
 #[test]

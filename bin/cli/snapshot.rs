@@ -38,7 +38,10 @@ pub fn run(global: &Global, command: SnapshotCommand) -> anyhow::Result<()> {
 fn print_info(report: &SnapshotReport) {
     println!(
         "snapshot info: hash {:08x}, revision {}, total keys {}, total size {}",
-        report.hash, report.revision, report.total_keys, report.total_size
+        report.status.hash,
+        report.status.revision,
+        report.status.total_keys,
+        report.status.total_size
     );
 }
 

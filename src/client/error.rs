@@ -127,6 +127,29 @@ fn attempts(list: &[ConnectAttempt]) -> String {
         .join("; ")
 }
 
+/// Evaluates `$some` with `$f` bound to the [`Failure`] of a status-derived
+/// error, or `$none` for the other variants.
+macro_rules! with_failure {
+    ($error:expr, $f:ident => $some:expr, $none:expr) => {
+        match $error {
+            Error::PermissionDenied($f)
+            | Error::Unauthenticated($f)
+            | Error::NotFound($f)
+            | Error::FailedPrecondition($f)
+            | Error::InvalidArgument($f)
+            | Error::Unavailable($f)
+            | Error::Unimplemented($f)
+            | Error::DeadlineExceeded($f)
+            | Error::AlreadyExists($f)
+            | Error::Aborted($f)
+            | Error::Cancelled($f)
+            | Error::Protocol($f)
+            | Error::Status { failure: $f, .. } => $some,
+            _ => $none,
+        }
+    };
+}
+
 impl Error {
     /// Maps a gRPC status to the matching variant.
     ///
@@ -186,22 +209,7 @@ impl Error {
 
     /// The server's failure details, for status-derived errors.
     pub fn failure(&self) -> Option<&Failure> {
-        match self {
-            Error::PermissionDenied(f)
-            | Error::Unauthenticated(f)
-            | Error::NotFound(f)
-            | Error::FailedPrecondition(f)
-            | Error::InvalidArgument(f)
-            | Error::Unavailable(f)
-            | Error::Unimplemented(f)
-            | Error::DeadlineExceeded(f)
-            | Error::AlreadyExists(f)
-            | Error::Aborted(f)
-            | Error::Cancelled(f)
-            | Error::Protocol(f) => Some(f),
-            Error::Status { failure, .. } => Some(failure),
-            _ => None,
-        }
+        with_failure!(self, f => Some(f), None)
     }
 
     /// The node an error is attributed to, if known.
@@ -211,31 +219,12 @@ impl Error {
 
     /// Attributes the error to `node` when it has no node yet.
     pub(crate) fn with_node(mut self, node: &str) -> Error {
-        if let Some(f) = self.failure_mut()
-            && f.node.is_none()
-        {
-            f.node = Some(node.to_string());
-        }
+        with_failure!(&mut self, f => {
+            if f.node.is_none() {
+                f.node = Some(node.to_string());
+            }
+        }, ());
         self
-    }
-
-    fn failure_mut(&mut self) -> Option<&mut Failure> {
-        match self {
-            Error::PermissionDenied(f)
-            | Error::Unauthenticated(f)
-            | Error::NotFound(f)
-            | Error::FailedPrecondition(f)
-            | Error::InvalidArgument(f)
-            | Error::Unavailable(f)
-            | Error::Unimplemented(f)
-            | Error::DeadlineExceeded(f)
-            | Error::AlreadyExists(f)
-            | Error::Aborted(f)
-            | Error::Cancelled(f)
-            | Error::Protocol(f) => Some(f),
-            Error::Status { failure, .. } => Some(failure),
-            _ => None,
-        }
     }
 
     pub(crate) fn protocol(node: Option<&str>, message: impl Into<String>) -> Error {

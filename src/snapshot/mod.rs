@@ -45,14 +45,9 @@ pub struct SnapshotReport {
     /// sha256 of the contents (everything before the trailer), hex; equal
     /// to the trailer.
     pub sha256: String,
-    /// etcd's CRC-32C hash of the data (`etcdctl snapshot status`).
-    pub hash: u32,
-    /// The latest revision.
-    pub revision: i64,
-    /// Number of keys across all buckets.
-    pub total_keys: u64,
-    /// Database size (file size without the trailer).
-    pub total_size: u64,
+    /// etcd's status: hash, revision, total keys, total size.
+    #[serde(flatten)]
+    pub status: Status,
 }
 
 /// Errors of saving or verifying a snapshot.
@@ -233,10 +228,7 @@ pub(crate) fn report(size: u64, digest: &[u8; 32], status: &Status) -> SnapshotR
     SnapshotReport {
         size,
         sha256: Hex(digest).to_string(),
-        hash: status.hash,
-        revision: status.revision,
-        total_keys: status.total_keys,
-        total_size: status.total_size,
+        status: *status,
     }
 }
 

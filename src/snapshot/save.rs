@@ -44,18 +44,9 @@ pub struct SnapshotMetadata {
     /// When it was saved (RFC 3339, UTC).
     #[serde(with = "time::serde::rfc3339")]
     pub time: OffsetDateTime,
-    /// File size, trailer included.
-    pub size: u64,
-    /// sha256 of the contents, hex.
-    pub sha256: String,
-    /// The latest revision.
-    pub revision: i64,
-    /// Number of keys.
-    pub total_keys: u64,
-    /// Database size.
-    pub total_size: u64,
-    /// etcd's CRC-32C hash.
-    pub hash: u32,
+    /// What the snapshot contains.
+    #[serde(flatten)]
+    pub report: SnapshotReport,
 }
 
 /// Saves a streamed snapshot (e.g. [`crate::client::ByteStream`]) at `path`,
@@ -203,12 +194,7 @@ where
     let metadata = SnapshotMetadata {
         node: node.to_owned(),
         time,
-        size,
-        sha256: report.sha256.clone(),
-        revision: report.revision,
-        total_keys: report.total_keys,
-        total_size: report.total_size,
-        hash: report.hash,
+        report: report.clone(),
     };
     let sidecar = with_suffix(path, ".json");
     let (from, to, json) = (part.clone(), path.to_owned(), sidecar.clone());

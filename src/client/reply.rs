@@ -90,23 +90,22 @@ impl WithMetadata for cluster::HealthCheckProgress {
 /// The error a message's metadata reports, if any. apid sets
 /// `metadata.error` (and `metadata.status`) on the message it substitutes for
 /// a node that failed; the rest of such a message is meaningless.
+///
+/// Like the official Go client (`FilterMessages` in pkg/machinery/client),
+/// the status wins when present: its code and its message. `metadata.error`
+/// is Go's rendering of the same status (`rpc error: code = ... desc = ...`)
+/// and is used only without a status, so a node's failure reads the same
+/// whether it came through `node` or `nodes`.
 pub(crate) fn metadata_error(metadata: Option<&common::Metadata>) -> Option<Error> {
     let md = metadata?;
-    let status_code = md.status.as_ref().map_or(0, |s| s.code);
-    if md.error.is_empty() && status_code == 0 {
+    let status = md.status.as_ref().filter(|s| s.code != 0);
+    if md.error.is_empty() && status.is_none() {
         return None;
     }
-    let code = match md.status.as_ref() {
-        Some(s) if s.code != 0 => Code::from_i32(s.code),
-        _ => Code::Unknown,
-    };
-    let message = if md.error.is_empty() {
-        md.status
-            .as_ref()
-            .map(|s| s.message.clone())
-            .unwrap_or_default()
-    } else {
-        md.error.clone()
+    let (code, message) = match status {
+        Some(s) if !s.message.is_empty() => (Code::from_i32(s.code), s.message.clone()),
+        Some(s) => (Code::from_i32(s.code), md.error.clone()),
+        None => (Code::Unknown, md.error.clone()),
     };
     Some(Error::from_code(code, message, Some(&md.hostname)))
 }
@@ -137,4 +136,56 @@ where
             NodeResult { node, result }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::google;
+    use crate::client::Failure;
+
+    fn metadata(error: &str, status: Option<(i32, &str)>) -> common::Metadata {
+        common::Metadata {
+            hostname: "10.0.0.3".into(),
+            error: error.into(),
+            status: status.map(|(code, message)| google::rpc::Status {
+                code,
+                message: message.into(),
+                details: vec![],
+            }),
+        }
+    }
+
+    fn failure(error: Error) -> (Code, Failure) {
+        match error {
+            Error::Unavailable(f) => (Code::Unavailable, f),
+            Error::Status { code, failure } => (code, failure),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn status_message_wins_over_the_go_rendering_like_the_official_client() {
+        // What apid's BuildError sends for a node it cannot reach.
+        let md = metadata(
+            "rpc error: code = Unavailable desc = connection refused",
+            Some((14, "connection refused")),
+        );
+        let (code, f) = failure(metadata_error(Some(&md)).unwrap());
+        assert_eq!(code, Code::Unavailable);
+        assert_eq!(f.message, "connection refused");
+        assert_eq!(f.node.as_deref(), Some("10.0.0.3"));
+    }
+
+    #[test]
+    fn error_string_is_used_without_a_status() {
+        let (code, f) = failure(metadata_error(Some(&metadata("it broke", None))).unwrap());
+        assert_eq!((code, f.message.as_str()), (Code::Unknown, "it broke"));
+        let md = metadata("rpc error: code = Unavailable desc = x", Some((14, "")));
+        let (code, f) = failure(metadata_error(Some(&md)).unwrap());
+        assert_eq!(code, Code::Unavailable);
+        assert_eq!(f.message, "rpc error: code = Unavailable desc = x");
+        assert!(metadata_error(Some(&metadata("", None))).is_none());
+        assert!(metadata_error(Some(&metadata("", Some((0, "ok"))))).is_none());
+    }
 }

@@ -125,7 +125,11 @@ impl Global {
     /// given; none means the endpoint node answers).
     pub fn connect(&self) -> anyhow::Result<(Client, Vec<String>)> {
         let context = self.resolve()?;
-        let client = Client::from_context(&context)?;
+        // Leave and reset can take minutes on a busy cluster; talosctl sets
+        // no deadline at all. Unreachable endpoints still fail fast.
+        let client = Client::builder_from_context(&context)
+            .call_timeout(std::time::Duration::from_secs(300))
+            .build()?;
         Ok((client, context.nodes))
     }
 

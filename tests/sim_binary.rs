@@ -1,0 +1,167 @@
+//! The talos-sim binary: `up` runs until SIGTERM and leaves no etcd behind,
+//! a second `up` on the same directory works, and `add-node` reaches the
+//! running cluster.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use talos_client::Client;
+use talos_client::config::{Overrides, TalosConfig};
+
+/// A running `talos-sim up`; killed on drop if the test fails first.
+struct Up {
+    child: Child,
+    json: serde_json::Value,
+}
+
+impl Up {
+    fn start(dir: &Path) -> Up {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_talos-sim"))
+            .args(["up", "--isolated", "--nodes", "3", "--json", "--dir"])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        // The JSON line is printed once the cluster is ready.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let mut up = Up {
+            child,
+            json: serde_json::Value::Null,
+        };
+        let line = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("talos-sim up reports its cluster within two minutes");
+        up.json = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        up
+    }
+
+    /// Sends SIGTERM and waits (with a deadline) for a clean exit.
+    fn stop(mut self) {
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "talos-sim exited with {status}");
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "talos-sim did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Processes whose command line mentions `dir` (etcd data directories live
+/// under it).
+fn processes_using(dir: &Path) -> Vec<String> {
+    let needle = dir.to_string_lossy().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .chars()
+                .all(|c| c.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.starts_with("etcd ") && c.contains(&needle))
+        .collect()
+}
+
+/// Every node's hostname, asked through the cluster's admin talosconfig.
+async fn hostnames(up: &Up) -> Vec<String> {
+    let talosconfig = Path::new(up.json["talosconfig"].as_str().unwrap());
+    let config = TalosConfig::read(talosconfig).unwrap();
+    let context = config.resolve(&Overrides::default(), talosconfig).unwrap();
+    let client = Client::from_context(&context).unwrap();
+    let ips: Vec<String> = up.json["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["ip"].as_str().unwrap().to_string())
+        .collect();
+    let replies = client.nodes(ips).hostname().await.unwrap();
+    replies.into_iter().map(|r| r.result.unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_stops_cleanly_restarts_and_adds_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path());
+    assert_eq!(up.json["nodes"].as_array().unwrap().len(), 3);
+    assert_eq!(hostnames(&up).await, ["cp-1", "cp-2", "cp-3"]);
+    for file in ["talosconfig-reader", "talosconfig-backup", "pki/ca.crt"] {
+        assert!(dir.path().join(file).exists(), "{file}");
+    }
+    assert_eq!(processes_using(dir.path()).len(), 3);
+
+    let added = Command::new(env!("CARGO_BIN_EXE_talos-sim"))
+        .arg("add-node")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    assert!(String::from_utf8_lossy(&added.stdout).starts_with("added cp-4 at "));
+    assert_eq!(processes_using(dir.path()).len(), 4);
+
+    up.stop();
+    assert_eq!(
+        processes_using(dir.path()),
+        Vec::<String>::new(),
+        "no etcd outlives talos-sim"
+    );
+
+    // Same directory again: a fresh cluster with the same CA.
+    let ca = std::fs::read(dir.path().join("pki/ca.crt")).unwrap();
+    let again = Up::start(dir.path());
+    assert_eq!(std::fs::read(dir.path().join("pki/ca.crt")).unwrap(), ca);
+    assert_eq!(hostnames(&again).await, ["cp-1", "cp-2", "cp-3"]);
+    again.stop();
+    assert!(processes_using(dir.path()).is_empty());
+
+    let no_cluster = Command::new(env!("CARGO_BIN_EXE_talos-sim"))
+        .arg("add-node")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(no_cluster.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&no_cluster.stderr).contains("no talos-sim running"));
+}
+
+#[test]
+fn a_second_up_on_a_running_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path());
+    let second = Command::new(env!("CARGO_BIN_EXE_talos-sim"))
+        .args(["up", "--isolated", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&second.stderr).contains("already running"));
+    up.stop();
+}

@@ -1,6 +1,6 @@
 //! talosconfig: the client configuration file shared with talosctl.
 //!
-//! - [`file`]: the serde mirror of the YAML ([`TalosConfig`], [`Context`]),
+//! - [`file`](mod@file): the serde mirror of the YAML ([`TalosConfig`], [`Context`]),
 //!   which keeps keys it does not know so a round trip loses nothing;
 //! - [`loader`]: where the file is found, reading and atomic writing, merging,
 //!   and resolving a context (with overrides) into a [`ResolvedContext`] that a

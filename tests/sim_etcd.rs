@@ -171,3 +171,45 @@ async fn an_added_node_joins_as_learner_and_is_promoted() {
         "cp-4"
     );
 }
+
+#[tokio::test]
+async fn membership_changes_right_after_the_leader_leaves_are_answered() {
+    let sim = SimCluster::start(3).await;
+    let client = sim.admin();
+    let cp3 = client.node(sim.ip(3));
+    // Hand leadership around until node 3 leads.
+    wait_for("cp-3 to lead", Duration::from_secs(60), || async {
+        let status = cp3.etcd_status().await.ok()?;
+        if status.is_leader() {
+            return Some(());
+        }
+        for i in 1..=2 {
+            let node = client.node(sim.ip(i));
+            if node.etcd_status().await.ok()?.is_leader() {
+                node.etcd_forfeit_leadership().await.ok()?;
+            }
+        }
+        None
+    })
+    .await;
+    let id = cp3.etcd_status().await.unwrap().member_id;
+    cp3.etcd_leave_cluster().await.unwrap();
+    wait_for(
+        "cp-1 to apply the removal",
+        Duration::from_secs(20),
+        || async {
+            let members = client.node(sim.ip(1)).etcd_member_list(true).await.ok()?;
+            (members.len() == 2).then_some(())
+        },
+    )
+    .await;
+    // etcd 3.4 drops membership proposals made while the new leader still
+    // has the removal unapplied; the simulator proposes again instead of
+    // letting the call hang.
+    let started = std::time::Instant::now();
+    match client.node(sim.ip(1)).etcd_remove_member_by_id(id).await {
+        Err(Error::NotFound(_)) => {}
+        other => panic!("expected NotFound for the departed member, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(15));
+}

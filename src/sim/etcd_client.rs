@@ -17,6 +17,24 @@ use crate::api::etcdserverpb::{
 /// Timeout of one etcd request.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long one membership proposal may take before it is made again.
+const RECONFIGURE_ATTEMPT: Duration = Duration::from_secs(3);
+
+/// How long a membership change may take in all.
+const RECONFIGURE_TOTAL: Duration = Duration::from_secs(20);
+
+/// A membership request: leader required, and a deadline short enough to
+/// propose it again (see [`EtcdClient::reconfigure`]).
+fn membership<T>(message: T) -> tonic::Request<T> {
+    let mut request = require_leader(message);
+    request.set_timeout(RECONFIGURE_ATTEMPT);
+    request
+}
+
+fn timed_out<T>(result: &Result<T, tonic::Status>) -> bool {
+    matches!(result, Err(s) if matches!(s.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled))
+}
+
 /// Channels to one or more etcd members, tried in order.
 #[derive(Clone)]
 pub struct EtcdClient {
@@ -34,6 +52,19 @@ fn channel(url: &str) -> Result<Channel, tonic::Status> {
 fn with_timeout<T>(message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(CALL_TIMEOUT);
+    request
+}
+
+/// A request that etcd refuses at once ("etcdserver: no leader",
+/// Unavailable) while the member has no leader, instead of letting it wait
+/// out its deadline: what upstream's `clientv3.WithRequireLeader` does for
+/// the membership calls (v1alpha1_server.go).
+fn require_leader<T>(message: T) -> tonic::Request<T> {
+    let mut request = with_timeout(message);
+    request.metadata_mut().insert(
+        "hasleader",
+        tonic::metadata::MetadataValue::from_static("true"),
+    );
     request
 }
 
@@ -56,7 +87,7 @@ impl EtcdClient {
 
     /// Runs `call` against each member in turn until one answers without
     /// `Unavailable`.
-    async fn first_answer<T, F, Fut>(&self, call: F) -> Result<T, tonic::Status>
+    async fn first_answer<T, F, Fut>(&self, call: &F) -> Result<T, tonic::Status>
     where
         F: Fn(Channel) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
@@ -71,11 +102,43 @@ impl EtcdClient {
         Err(last)
     }
 
+    /// Runs a membership change, proposing it again when an attempt times
+    /// out. etcd 3.4's raft silently drops a membership proposal that
+    /// arrives while an earlier change is still unapplied (typically just
+    /// after a leader change), and the request then only waits out its
+    /// deadline; a dropped proposal was never applied, so making it again is
+    /// safe.
+    async fn reconfigure<T, F, Fut>(&self, call: F) -> Result<T, tonic::Status>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let deadline = tokio::time::Instant::now() + RECONFIGURE_TOTAL;
+        loop {
+            let result =
+                match tokio::time::timeout(RECONFIGURE_ATTEMPT, self.first_answer(&call)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(tonic::Status::deadline_exceeded(
+                        "membership change not applied",
+                    )),
+                };
+            if !timed_out(&result) {
+                return result;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(tonic::Status::deadline_exceeded(format!(
+                    "etcd did not apply the membership change within {}s",
+                    RECONFIGURE_TOTAL.as_secs()
+                )));
+            }
+        }
+    }
+
     /// Lists the members, as the first reachable member sees them.
     pub async fn member_list(&self) -> Result<Vec<Member>, tonic::Status> {
-        self.first_answer(|ch| async move {
+        self.first_answer(&|ch| async move {
             let resp = ClusterClient::new(ch)
-                .member_list(with_timeout(MemberListRequest {
+                .member_list(require_leader(MemberListRequest {
                     linearizable: false,
                 }))
                 .await?;
@@ -86,9 +149,9 @@ impl EtcdClient {
 
     /// Adds a member (as a learner when asked); returns the new member.
     pub async fn member_add(&self, peer_url: &str, learner: bool) -> Result<Member, tonic::Status> {
-        self.first_answer(|ch| async move {
+        self.reconfigure(|ch| async move {
             let resp = ClusterClient::new(ch)
-                .member_add(with_timeout(MemberAddRequest {
+                .member_add(membership(MemberAddRequest {
                     peer_ur_ls: vec![peer_url.to_string()],
                     is_learner: learner,
                 }))
@@ -102,9 +165,9 @@ impl EtcdClient {
 
     /// Removes a member by id.
     pub async fn member_remove(&self, id: u64) -> Result<(), tonic::Status> {
-        self.first_answer(|ch| async move {
+        self.reconfigure(|ch| async move {
             ClusterClient::new(ch)
-                .member_remove(with_timeout(MemberRemoveRequest { id }))
+                .member_remove(membership(MemberRemoveRequest { id }))
                 .await
                 .map(drop)
         })
@@ -113,9 +176,9 @@ impl EtcdClient {
 
     /// Promotes a learner to a voting member.
     pub async fn member_promote(&self, id: u64) -> Result<(), tonic::Status> {
-        self.first_answer(|ch| async move {
+        self.reconfigure(|ch| async move {
             ClusterClient::new(ch)
-                .member_promote(with_timeout(MemberPromoteRequest { id }))
+                .member_promote(membership(MemberPromoteRequest { id }))
                 .await
                 .map(drop)
         })
@@ -132,7 +195,7 @@ impl EtcdClient {
 
     /// Lists active alarms (cluster-wide).
     pub async fn alarm_list(&self) -> Result<Vec<AlarmMember>, tonic::Status> {
-        self.first_answer(|ch| async move {
+        self.first_answer(&|ch| async move {
             let resp = MaintenanceClient::new(ch)
                 .alarm(with_timeout(AlarmRequest {
                     action: pb::alarm_request::AlarmAction::Get as i32,
@@ -151,7 +214,7 @@ impl EtcdClient {
         member_id: u64,
         alarm: pb::AlarmType,
     ) -> Result<(), tonic::Status> {
-        self.first_answer(|ch| async move {
+        self.first_answer(&|ch| async move {
             MaintenanceClient::new(ch)
                 .alarm(with_timeout(AlarmRequest {
                     action: pb::alarm_request::AlarmAction::Activate as i32,
@@ -169,7 +232,7 @@ impl EtcdClient {
         let mut disarmed = Vec::new();
         for alarm in self.alarm_list().await? {
             let resp = self
-                .first_answer(|ch| async move {
+                .first_answer(&|ch| async move {
                     MaintenanceClient::new(ch)
                         .alarm(with_timeout(AlarmRequest {
                             action: pb::alarm_request::AlarmAction::Deactivate as i32,
@@ -215,14 +278,14 @@ impl EtcdClient {
     /// Asks the leader at `leader_url` to hand leadership to `target`.
     pub async fn move_leader(&self, leader_url: &str, target: u64) -> Result<(), tonic::Status> {
         MaintenanceClient::new(self.channel_for(leader_url)?)
-            .move_leader(with_timeout(MoveLeaderRequest { target_id: target }))
+            .move_leader(require_leader(MoveLeaderRequest { target_id: target }))
             .await
             .map(drop)
     }
 
     /// Writes a key.
     pub async fn put(&self, key: Vec<u8>, value: Vec<u8>) -> Result<(), tonic::Status> {
-        self.first_answer(|ch| {
+        self.first_answer(&|ch| {
             let (key, value) = (key.clone(), value.clone());
             async move {
                 KvClient::new(ch)

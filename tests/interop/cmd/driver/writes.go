@@ -211,6 +211,34 @@ func (d *driver) etcdLeaveCluster(ctx context.Context) error {
 		return fmt.Errorf("%s stopped answering after leaving: %w", ip, err)
 	}
 
+	// Removing a member can take the leader with it; membership changes wait
+	// until the survivors agree on a new one (etcd drops membership
+	// proposals made before the new leader has settled).
+	survivors := d.ips[:len(d.ips)-1]
+
+	err = eventually(ctx, 20*time.Second, "the survivors to agree on a leader", func() error {
+		var leader uint64
+
+		for _, survivor := range survivors {
+			resp, err := d.c.EtcdStatus(client.WithNode(ctx, survivor))
+			if err != nil {
+				return err
+			}
+
+			got := resp.Messages[0].GetMemberStatus().GetLeader()
+			if got == 0 || (leader != 0 && got != leader) {
+				return fmt.Errorf("%s sees leader %x, others %x", survivor, got, leader)
+			}
+
+			leader = got
+		}
+
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+
 	// Its member is gone: removing it by id again is NotFound.
 	err = d.c.EtcdRemoveMemberByID(client.WithNode(ctx, d.ips[0]), &machine.EtcdRemoveMemberByIDRequest{MemberId: d.ids[name]})
 

@@ -130,3 +130,80 @@ async fn shutdown_stops_the_node() {
     target.shutdown(false).await.unwrap();
     wait_down(&target).await;
 }
+
+#[tokio::test]
+async fn a_wiped_node_recovers_etcd_from_an_uploaded_snapshot() {
+    let sim = SimCluster::start(1).await;
+    sim.cluster.fill("/registry/keep/", 50, 100).await.unwrap();
+    let node = direct(&sim, 1);
+    let snapshot = sim.dir.path().join("backup.db");
+    let saved = talos_client::snapshot::save(
+        node.etcd_snapshot().await.unwrap(),
+        &snapshot,
+        "cp-1",
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
+
+    // Wipe etcd's volume and reboot: the node comes back configured but
+    // without etcd, and with no other member to join.
+    let request = ResetRequest {
+        graceful: false,
+        reboot: true,
+        system_labels_to_wipe: vec!["EPHEMERAL".into()],
+        ..ResetRequest::default()
+    };
+    node.reset(request).await.unwrap();
+    wait_down(&node).await;
+    wait_for("the node to come back", Duration::from_secs(60), || async {
+        node.hostname().await.ok()
+    })
+    .await;
+    assert!(matches!(
+        node.etcd_status().await,
+        Err(Error::Unavailable(_))
+    ));
+
+    // Bootstrap refuses to recover before a snapshot is uploaded.
+    assert!(matches!(
+        node.bootstrap(true, false).await,
+        Err(Error::FailedPrecondition(_))
+    ));
+    let data = std::fs::read(&snapshot).unwrap();
+    let chunks: Vec<bytes::Bytes> = data
+        .chunks(1 << 16)
+        .map(bytes::Bytes::copy_from_slice)
+        .collect();
+    node.etcd_recover(futures::stream::iter(chunks))
+        .await
+        .unwrap();
+    node.bootstrap(true, false)
+        .await
+        .expect("bootstrap from the snapshot");
+
+    let status = wait_for("etcd to run again", Duration::from_secs(30), || async {
+        node.etcd_status().await.ok()
+    })
+    .await;
+    assert!(status.is_leader(), "a single restored member leads");
+    // The restored data is there: a fresh snapshot holds the same keys.
+    let again = sim.dir.path().join("again.db");
+    let restored = talos_client::snapshot::save(
+        node.etcd_snapshot().await.unwrap(),
+        &again,
+        "cp-1",
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        restored.report.status.total_keys,
+        saved.report.status.total_keys
+    );
+    // A second bootstrap is refused: etcd has data now.
+    assert!(matches!(
+        node.bootstrap(false, false).await,
+        Err(Error::AlreadyExists(_))
+    ));
+}

@@ -27,8 +27,11 @@ done
 [ -s "$work/sim.json" ] || { echo "talos-sim did not start" >&2; cat "$work/sim.log" >&2; exit 1; }
 
 tc="$work/cluster/talosconfig"
-echo "== cluster ($tc)"
+"$sim" fill "$work/cluster" --count 1000 --value-size 512 >/dev/null
+echo "== cluster ($tc), 1000 keys written"
 "$ctl" --talosconfig "$tc" etcd members
+echo
+"$ctl" --talosconfig "$tc" -n "$(python3 -c 'import json,sys; print(",".join(n["ip"] for n in json.load(open(sys.argv[1]))["nodes"]))' "$work/sim.json")" etcd status
 echo
 echo "== verified snapshot"
 "$ctl" --talosconfig "$tc" etcd snapshot "$work/etcd.snapshot"

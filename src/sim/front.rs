@@ -22,7 +22,7 @@ use tower::ServiceExt as _;
 use super::auth::{CallerRoles, IMPERSONATOR};
 use super::machined::Machined;
 use super::proxy::{self, MethodKind};
-use super::serve::PeerInfo;
+use super::serve::certificate_roles;
 use crate::api::cluster::cluster_service_server::ClusterServiceServer;
 use crate::api::machine::machine_service_server::MachineServiceServer;
 use crate::client::MAX_MESSAGE_SIZE;
@@ -96,15 +96,7 @@ fn header_values(request: &http::Request<Body>, key: &str) -> Vec<String> {
 /// peer apid holding the impersonator role, the roles it forwarded
 /// (upstream's authz.Injector in Enabled mode).
 fn caller_roles(request: &http::Request<Body>) -> Vec<String> {
-    let certificate_roles = request
-        .extensions()
-        .get::<PeerInfo>()
-        .and_then(|peer| {
-            peer.certificates
-                .first()
-                .and_then(|c| crate::tls::roles_of(c).ok())
-        })
-        .unwrap_or_default();
+    let certificate_roles = certificate_roles(request.extensions());
     if certificate_roles.iter().any(|r| r == IMPERSONATOR) {
         let forwarded = header_values(request, ROLE_KEY);
         if !forwarded.is_empty() {

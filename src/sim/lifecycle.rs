@@ -66,7 +66,6 @@ impl Shared {
             if let Some(persisted) = node.persisted_config() {
                 state.active = persisted;
             }
-            state.staged = None;
             state.rebooting = false;
         }
         self.boot(node).await;

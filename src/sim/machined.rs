@@ -186,17 +186,14 @@ impl Machined {
             Mode::NoReboot | Mode::Auto => {
                 persist(&config)?;
                 state.active = config;
-                state.staged = None;
                 "Applied configuration without a reboot".into()
             }
             Mode::Staged => {
                 persist(&config)?;
-                state.staged = Some(config);
                 "Staged configuration to be applied after the next reboot".into()
             }
             Mode::Reboot => {
                 persist(&config)?;
-                state.staged = Some(config);
                 state.rebooting = true;
                 let shared = self.shared.clone();
                 let node = node.clone();

@@ -33,10 +33,9 @@ pub struct ServiceEvent {
 /// The machine configuration as the node holds it.
 #[derive(Debug, Default)]
 pub(crate) struct ConfigState {
-    /// The configuration in effect.
+    /// The configuration in effect; the one persisted on STATE takes effect
+    /// at the next boot (so a STAGED apply only persists).
     pub active: String,
-    /// A configuration staged for the next boot.
-    pub staged: Option<String>,
     /// The rollback of a TRY apply that has not been confirmed.
     pub rollback: Option<tokio::task::AbortHandle>,
     /// An apply in REBOOT mode is rebooting the node.

@@ -156,8 +156,13 @@ pub fn tls_incoming(
 /// The roles (Organization values) of the client certificate a request
 /// arrived with; empty when there is none.
 pub fn peer_roles<T>(request: &tonic::Request<T>) -> Vec<String> {
-    request
-        .extensions()
+    certificate_roles(request.extensions())
+}
+
+/// The roles of the client certificate recorded in a request's extensions
+/// (as [`PeerInfo`]); empty when there is none.
+pub fn certificate_roles(extensions: &http::Extensions) -> Vec<String> {
+    extensions
         .get::<PeerInfo>()
         .and_then(|peer| {
             peer.certificates

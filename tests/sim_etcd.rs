@@ -172,33 +172,44 @@ async fn an_added_node_joins_as_learner_and_is_promoted() {
     );
 }
 
-#[tokio::test]
-async fn membership_changes_right_after_the_leader_leaves_are_answered() {
-    let sim = SimCluster::start(3).await;
+/// The address of the node that currently leads, found through every
+/// node's status. Which node wins an election is etcd's choice, so tests ask
+/// rather than assume.
+async fn current_leader(sim: &SimCluster, nodes: usize) -> String {
     let client = sim.admin();
-    let cp3 = client.node(sim.ip(3));
-    // Hand leadership around until node 3 leads.
-    wait_for("cp-3 to lead", Duration::from_secs(60), || async {
-        let status = cp3.etcd_status().await.ok()?;
-        if status.is_leader() {
-            return Some(());
-        }
-        for i in 1..=2 {
-            let node = client.node(sim.ip(i));
-            if node.etcd_status().await.ok()?.is_leader() {
-                node.etcd_forfeit_leadership().await.ok()?;
+    wait_for("a leader", Duration::from_secs(30), || async {
+        for i in 1..=nodes {
+            if client.node(sim.ip(i)).etcd_status().await.ok()?.is_leader() {
+                return Some(sim.ip(i));
             }
         }
         None
     })
-    .await;
-    let id = cp3.etcd_status().await.unwrap().member_id;
-    cp3.etcd_leave_cluster().await.unwrap();
+    .await
+}
+
+#[tokio::test]
+async fn membership_changes_right_after_the_leader_leaves_are_answered() {
+    let sim = SimCluster::start(3).await;
+    let client = sim.admin();
+    // Whichever node leads is the one that leaves.
+    let leader_ip = current_leader(&sim, 3).await;
+    let leader = client.node(leader_ip.as_str());
+    let survivor = (1..=3)
+        .map(|i| sim.ip(i))
+        .find(|ip| *ip != leader_ip)
+        .unwrap();
+    let id = leader.etcd_status().await.unwrap().member_id;
+    leader.etcd_leave_cluster().await.unwrap();
     wait_for(
-        "cp-1 to apply the removal",
+        "a survivor to apply the removal",
         Duration::from_secs(20),
         || async {
-            let members = client.node(sim.ip(1)).etcd_member_list(true).await.ok()?;
+            let members = client
+                .node(survivor.as_str())
+                .etcd_member_list(true)
+                .await
+                .ok()?;
             (members.len() == 2).then_some(())
         },
     )
@@ -207,9 +218,78 @@ async fn membership_changes_right_after_the_leader_leaves_are_answered() {
     // has the removal unapplied; the simulator proposes again instead of
     // letting the call hang.
     let started = std::time::Instant::now();
-    match client.node(sim.ip(1)).etcd_remove_member_by_id(id).await {
+    match client
+        .node(survivor.as_str())
+        .etcd_remove_member_by_id(id)
+        .await
+    {
         Err(Error::NotFound(_)) => {}
         other => panic!("expected NotFound for the departed member, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+#[tokio::test]
+async fn forfeit_picks_the_first_other_member_even_a_learner() {
+    let sim = SimCluster::start(3).await;
+    let urls: Vec<String> = sim
+        .cluster
+        .nodes()
+        .iter()
+        .map(|n| n.etcd_client_url.clone())
+        .collect();
+    let etcd = talos_client::sim::etcd_client::EtcdClient::connect(&urls)
+        .await
+        .unwrap();
+    let voters: Vec<u64> = etcd
+        .member_list()
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    // Member ids are random: add a learner (never started) until its id sorts
+    // before every voter's, so it is the first "other" member of any leader.
+    // Each try succeeds with probability 1/4; 200 tries fail with
+    // probability below 1e-24. etcd refuses additions ("unhealthy cluster")
+    // until every voter has been connected for five seconds.
+    let mut learner = None;
+    for port in 1..=200u16 {
+        let url = format!("http://127.0.0.1:{port}");
+        let added = wait_for(
+            "etcd to accept a learner",
+            Duration::from_secs(30),
+            || async { etcd.member_add(&url, true).await.ok() },
+        )
+        .await;
+        if voters.iter().all(|v| added.id < *v) {
+            learner = Some(added.id);
+            break;
+        }
+        etcd.member_remove(added.id).await.unwrap();
+    }
+    let learner = learner.expect("a learner with the lowest member id");
+
+    let leader = sim.admin().node(current_leader(&sim, 3).await);
+    let before = leader.etcd_status().await.unwrap();
+    // Upstream (internal/pkg/etcd/etcd.go) hands leadership to the learner,
+    // which etcd refuses: the call fails and the leader stays.
+    let err = leader
+        .etcd_forfeit_leadership()
+        .await
+        .expect_err("moving leadership to a learner fails");
+    assert!(
+        err.to_string().contains("failed to forfeit leadership"),
+        "{err}"
+    );
+    assert_eq!(leader.etcd_status().await.unwrap().leader, before.leader);
+
+    // With the learner gone, the same call hands leadership to a voter.
+    etcd.member_remove(learner).await.unwrap();
+    let new_leader = leader
+        .etcd_forfeit_leadership()
+        .await
+        .unwrap()
+        .expect("the leader hands over to a voter");
+    assert!(new_leader.starts_with("cp-"), "{new_leader}");
 }

@@ -118,10 +118,12 @@ pub(crate) async fn leave_cluster(node: &Node, shared: &Shared) -> Result<(), St
     Ok(())
 }
 
-/// Moves leadership to another voting member when this node leads, as
-/// upstream's `Client.ForfeitLeadership` (which this narrows to voting
-/// members: etcd cannot hand leadership to a learner). Returns the new
-/// leader's name, or "" when this node was not the leader.
+/// Moves leadership away when this node leads, as upstream's
+/// `Client.ForfeitLeadership` (internal/pkg/etcd/etcd.go): the target is the
+/// first other member in etcd's member list (ordered by member id), learners
+/// included, so a learner listed first makes etcd refuse the move and the
+/// call fails. Returns the new leader's name, or "" when this node was not
+/// the leader.
 pub(crate) async fn forfeit_leadership(node: &Node, shared: &Shared) -> Result<String, Status> {
     let (local, url) = node.local_etcd("etcd forfeit leadership").await?;
     let members = cluster_client(shared).await?.member_list().await?;
@@ -135,10 +137,8 @@ pub(crate) async fn forfeit_leadership(node: &Node, shared: &Shared) -> Result<S
     if status.leader != own {
         return Ok(String::new());
     }
-    let Some(target) = members.iter().find(|m| m.id != own && !m.is_learner) else {
-        return Err(Status::unknown(
-            "failed to forfeit leadership: no other voting member to hand leadership to",
-        ));
+    let Some(target) = members.iter().find(|m| m.id != own) else {
+        return Ok(String::new());
     };
     match local.move_leader(&url, target.id).await {
         Ok(()) => Ok(target.name.clone()),

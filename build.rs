@@ -3,14 +3,13 @@
 
 use std::io;
 
-/// The Talos API files, plus etcd's v3 API used by the simulator.
+/// The Talos API files. Servers (the simulator's, test servers) generate
+/// their own server stubs over these messages: the library has clients only.
 const PROTOS: &[&str] = &[
     "google/rpc/status.proto",
     "common/common.proto",
     "machine/machine.proto",
     "cluster/cluster.proto",
-    "etcd/mvccpb/kv.proto",
-    "etcd/etcdserverpb/rpc.proto",
 ];
 
 fn main() -> io::Result<()> {
@@ -18,12 +17,9 @@ fn main() -> io::Result<()> {
     let fds = protox::compile(PROTOS, ["proto"]).map_err(io::Error::other)?;
     tonic_prost_build::configure()
         .build_client(true)
-        .build_server(true)
+        .build_server(false)
         // Snapshot chunks are passed along without copying.
         .bytes(".common.Data.bytes")
-        .bytes(".etcdserverpb.SnapshotResponse.blob")
-        // Servers (the simulator, tests) implement only the calls they serve.
-        .generate_default_stubs(true)
         .include_file("talos_api.rs")
         .compile_fds(fds)
 }

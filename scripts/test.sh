@@ -1,13 +1,28 @@
 #!/usr/bin/env bash
 # Everything CI checks: installs what the tests need, then formatting, lints,
-# the examples, the whole test suite (real etcd via talos-sim), and the
-# interop tests against upstream Talos's Go client and stubs.
+# the library alone (and that it pulls in none of the tools' dependencies),
+# the examples, the whole workspace's tests (real etcd via talos-sim), the
+# memory tests on optimised code, and the interop tests against upstream
+# Talos's Go client and stubs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 cargo fmt --all --check
-cargo clippy --locked --all-targets --all-features -- -D warnings
+cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
+
+# `cargo add talos-client` must bring a client and nothing else.
+cargo build --locked -p talos-client
+heavy=$(cargo tree --locked -p talos-client -e normal,no-proc-macro --prefix none |
+  grep -E '^(clap|anyhow|indicatif|rcgen|similar|tempfile|tracing-subscriber|rusqlite|talos-sim) ' || true)
+if [ -n "$heavy" ]; then
+  echo "talos-client's normal dependencies include tool-only crates:" >&2
+  echo "$heavy" >&2
+  exit 1
+fi
+
 cargo build --locked --examples
-cargo test --locked
+cargo test --locked --workspace
+# Peak-memory checks measure the optimised code that users run.
+cargo test --locked --release -p talos-client --test snapshot_memory --test client_snapshot_memory
 tests/interop/run.sh

@@ -28,24 +28,23 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Layers, bottom up: [`api`] (generated stubs) → [`Client`] (typed calls,
-//! node targeting, failover) → [`snapshot`] (verified etcd snapshots) → the
-//! `talosctl-rs` CLI. [`sim`] is a simulated Talos control plane backed by
-//! real etcd, for tests and trying things out.
+//! Layers, bottom up: [`api`] (generated client stubs) → [`Client`] (typed
+//! calls, node targeting, failover) → [`snapshot`] (verified etcd
+//! snapshots). The `talosctl-rs` CLI and the `talos-sim` simulator are
+//! separate packages of the same workspace built on this crate.
 
 #![warn(missing_docs)]
 
 pub mod api;
 pub mod client;
 pub mod config;
+pub mod files;
 pub mod snapshot;
 pub mod tls;
 
 pub use client::{
     Client, ClientBuilder, Error, Many, NodeResult, NodeResults, One, Result, Target,
 };
-#[cfg(feature = "sim")]
-pub mod sim;
 
 /// The README's Rust examples, compiled by `cargo test --doc`.
 #[cfg(doctest)]

@@ -1,6 +1,6 @@
-//! PEM handling with Talos's key labels, rustls client and server
-//! configurations for the Talos API, and the facts a client certificate
-//! carries (roles, subject, validity).
+//! PEM handling with Talos's key labels, the rustls client configuration for
+//! the Talos API, the facts a client certificate carries (roles, subject,
+//! validity), and explaining TLS failures in operator terms.
 //!
 //! Talos writes Ed25519 private keys under the non-standard PEM label
 //! `ED25519 PRIVATE KEY`; the DER inside is ordinary PKCS#8 (RFC 8410), so it is
@@ -12,11 +12,9 @@ use std::sync::Arc;
 
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
-use rustls::server::WebPkiClientVerifier;
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig};
+use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use time::OffsetDateTime;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -205,30 +203,6 @@ impl Credentials {
         config.alpn_protocols = vec![ALPN_H2.to_vec()];
         Ok(Arc::new(config))
     }
-
-    /// Builds the rustls configuration of a Talos API server (apid): this
-    /// certificate is presented, a client certificate signed by the CA is
-    /// required, and, as apid does, every non-CA certificate in the client's
-    /// chain must carry exactly the ClientAuth extended key usage.
-    pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
-        let provider = provider();
-        let roots = root_store(&self.ca_pem)?;
-        let chain = parse_certificates(&self.crt_pem, Material::Certificate)?;
-        let info = CertificateInfo::from_der(&chain[0], Material::Certificate)?;
-        let key = parse_private_key(&self.key_pem)?;
-        let inner = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-            .build()
-            .map_err(|e| TlsError::BadTrustAnchor {
-                reason: e.to_string(),
-            })?;
-        let mut config = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_client_cert_verifier(Arc::new(ExactClientAuthVerifier { inner }))
-            .with_single_cert(chain, key)
-            .map_err(|e| key_error(e, &info.subject))?;
-        config.alpn_protocols = vec![ALPN_H2.to_vec()];
-        Ok(Arc::new(config))
-    }
 }
 
 fn key_error(e: rustls::Error, subject: &str) -> TlsError {
@@ -395,73 +369,79 @@ pub fn rfc3339(t: OffsetDateTime) -> String {
         .unwrap_or_else(|_| t.to_string())
 }
 
-/// Client verifier that adds apid's rule on top of WebPKI path validation:
-/// every non-CA certificate the client presents must list exactly the
-/// ClientAuth extended key usage (siderolabs/talos internal/app/apid/service.go,
-/// `verifyExtKeyUsage`).
-#[derive(Debug)]
-struct ExactClientAuthVerifier {
-    inner: Arc<dyn ClientCertVerifier>,
-}
-
-impl ClientCertVerifier for ExactClientAuthVerifier {
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .inner
-            .verify_client_cert(end_entity, intermediates, now)?;
-        for der in std::iter::once(end_entity).chain(intermediates) {
-            let info = CertificateInfo::from_der(der, Material::Certificate)
-                .map_err(|e| rustls::Error::General(e.to_string()))?;
-            if !info.is_ca && !info.client_auth_only {
-                return Err(rustls::Error::InvalidCertificate(
-                    rustls::CertificateError::InvalidPurpose,
-                ));
-            }
+/// Explains a failed connection in operator terms: which certificate check
+/// failed rather than a chain of transport wrappers.
+pub(crate) fn describe_connect_error(
+    err: &(dyn std::error::Error + 'static),
+    host: &str,
+) -> String {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    let mut chain = Vec::new();
+    while let Some(e) = source {
+        if let Some(rustls_error) = find_rustls_error(e) {
+            return describe_tls(rustls_error, host);
         }
-        Ok(verified)
+        let text = e.to_string();
+        if !chain.iter().any(|c: &String| c.contains(&text)) {
+            chain.push(text);
+        }
+        source = e.source();
     }
+    chain.join(": ")
+}
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+/// Explains a TLS failure found anywhere in an error's source chain.
+pub(crate) fn describe_tls_cause(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(rustls_error) = find_rustls_error(e) {
+            return Some(describe_tls(rustls_error, "the server"));
+        }
+        // tokio-rustls reports alerts on reads as text only.
+        let text = e.to_string();
+        if let Some(alert) = text.split("received fatal alert: ").nth(1) {
+            return Some(rejected(alert));
+        }
+        source = e.source();
     }
+    None
+}
 
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+fn find_rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(r) = e.downcast_ref::<rustls::Error>() {
+        return Some(r);
     }
+    e.downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+}
 
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        true
+fn describe_tls(e: &rustls::Error, host: &str) -> String {
+    use rustls::{AlertDescription as A, CertificateError as C, Error as E};
+    match e {
+        E::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => format!(
+            "TLS: the server certificate of {host} is not signed by the configured CA (wrong talosconfig or cluster?)"
+        ),
+        E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+            format!("TLS: the server certificate is not valid for {host:?} (no matching SAN)")
+        }
+        E::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
+            "TLS: the server certificate has expired".to_string()
+        }
+        E::AlertReceived(
+            alert @ (A::BadCertificate
+            | A::CertificateExpired
+            | A::UnknownCA
+            | A::CertificateUnknown
+            | A::UnsupportedCertificate
+            | A::CertificateRequired),
+        ) => rejected(format!("{alert:?}")),
+        other => format!("TLS: {other}"),
     }
 }
 
-/// The roles a peer certificate grants, read from its Organization values.
-pub fn roles_of(der: &[u8]) -> Result<Vec<String>, TlsError> {
-    Ok(CertificateInfo::from_der(der, Material::Certificate)?.roles)
+fn rejected(alert: impl std::fmt::Display) -> String {
+    format!(
+        "TLS: the server rejected the connection ({alert}); check that the client certificate is signed by this cluster's CA, not expired, and has exactly the ClientAuth usage"
+    )
 }

@@ -2,11 +2,11 @@
 //! carry the documented roles, and connect over mutual TLS to a server
 //! presenting its server certificate.
 
-mod common;
+use talos_test_support as common;
 
 use std::path::Path;
 
-use common::TestServer;
+use common::server::TestServer;
 use talos_client::Client;
 use talos_client::config::{Overrides, TalosConfig};
 use talos_client::tls::Credentials;

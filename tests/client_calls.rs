@@ -1,13 +1,13 @@
 //! The typed client against an in-process mTLS server: every call shape,
 //! node targeting, per-node errors, status mapping, retries and failover.
 
-mod common;
+use talos_test_support as common;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TestPki, TestServer, dead_endpoint, hex, snapshot_byte};
+use common::server::{TestPki, TestServer, dead_endpoint, hex, snapshot_byte};
 use sha2::Digest as _;
 use talos_client::client::MemberId;
 use talos_client::{Client, Error};
@@ -144,7 +144,9 @@ async fn server_streaming_snapshot_arrives_intact() {
 
     let stream = client.node("10.5.0.2").etcd_snapshot().await.unwrap();
     assert_eq!(stream.node(), "10.5.0.2");
-    let written = stream.write_to_file(&path).await.unwrap();
+    let written = talos_test_support::stream_to_file(stream, &path)
+        .await
+        .unwrap();
     assert_eq!(written, 100 * 1024 + 17);
     let data = std::fs::read(&path).unwrap();
     assert_eq!(data.len() as u64, written);

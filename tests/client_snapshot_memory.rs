@@ -2,11 +2,11 @@
 //! flat. Measured (VmHWM), not timed; alone in its own test binary so no
 //! other test shares the process.
 
-mod common;
+use talos_test_support as common;
 
 use std::time::Duration;
 
-use common::{TestPki, TestServer, snapshot_byte};
+use common::server::{TestPki, TestServer, snapshot_byte};
 use talos_client::Client;
 
 const SIZE: u64 = 256 * 1024 * 1024;
@@ -40,7 +40,9 @@ async fn streaming_256_mib_keeps_peak_memory_flat() {
     std::fs::write("/proc/self/clear_refs", "5").expect("reset VmHWM");
     let before = peak_rss_kib();
     let stream = client.etcd_snapshot().await.unwrap();
-    let written = stream.write_to_file(&path).await.unwrap();
+    let written = talos_test_support::stream_to_file(stream, &path)
+        .await
+        .unwrap();
     let growth_mib = (peak_rss_kib() - before) / 1024;
 
     assert_eq!(written, SIZE);

@@ -1,14 +1,14 @@
 //! TLS failures get clear errors that say which piece of material is wrong.
 
-mod common;
+use talos_test_support as common;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use common::{TestPki, TestServer};
-use talos_client::sim::pki::{Ca, LeafSpec, Usage};
+use common::server::{TestPki, TestServer};
 use talos_client::tls::{Credentials, TlsError};
 use talos_client::{Client, Error};
+use talos_sim::pki::{Ca, LeafSpec, Usage};
 use time::OffsetDateTime;
 
 fn build(endpoint: String, credentials: Credentials) -> Result<Client, Error> {

@@ -1,18 +1,15 @@
 //! `snapshot::save` from a stream of 1 KiB chunks of a real etcd snapshot:
 //! what it keeps, what it rejects, and what it leaves behind.
 
-#[path = "support/etcd.rs"]
-mod support;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use futures::stream;
 use talos_client::client::{Error as ClientError, Failure};
-use talos_client::snapshot::{CheckFailure, SnapshotError, SnapshotMetadata, save, verify_file};
+use talos_client::snapshot::{CheckFailure, Save, SnapshotError, SnapshotMetadata, verify_file};
 
-use support::{fixture, reseal};
+use talos_test_support::etcd::{fixture, reseal};
 
 fn chunks(bytes: &[u8]) -> Vec<Result<Bytes, ClientError>> {
     bytes
@@ -40,19 +37,17 @@ async fn save_keeps_a_good_snapshot_with_its_sidecar() {
     let mut calls = 0u64;
     let mut last = 0u64;
     let mut monotonic = true;
-    let mut progress = |n: u64| {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let saved = Save::from_chunks(stream::iter(chunks(snapshot)), "10.5.0.2")
+        .progress(move |n| tx.send(n).unwrap())
+        .to(&path)
+        .await
+        .expect("save");
+    for n in rx.try_iter() {
         calls += 1;
         monotonic &= n >= last;
         last = n;
-    };
-    let saved = save(
-        stream::iter(chunks(snapshot)),
-        &path,
-        "10.5.0.2",
-        &mut progress,
-    )
-    .await
-    .expect("save");
+    }
 
     assert_eq!(calls, snapshot.len().div_ceil(1024) as u64);
     assert!(monotonic);
@@ -96,10 +91,16 @@ async fn a_failed_transfer_leaves_nothing() {
     })));
     items.extend(chunks(&snapshot[half * 1024..]));
 
-    let mut seen = 0;
-    let error = save(stream::iter(items), &path, "10.5.0.2", &mut |n| seen = n)
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let error = Save::from_chunks(stream::iter(items), "10.5.0.2")
+        .progress({
+            let seen = seen.clone();
+            move |n| seen.store(n, std::sync::atomic::Ordering::Relaxed)
+        })
+        .to(&path)
         .await
         .expect_err("the transfer failed");
+    let seen = seen.load(std::sync::atomic::Ordering::Relaxed);
     assert!(
         matches!(&error, SnapshotError::Transfer { source } if matches!(**source, ClientError::Unavailable(_))),
         "{error}"
@@ -116,7 +117,8 @@ async fn save_rejected(bytes: &[u8], previous: Option<&[u8]>) -> (CheckFailure, 
     if let Some(previous) = previous {
         std::fs::write(&path, previous).unwrap();
     }
-    let error = save(stream::iter(chunks(bytes)), &path, "n", &mut |_| {})
+    let error = Save::from_chunks(stream::iter(chunks(bytes)), "n")
+        .to(&path)
         .await
         .expect_err("rejected");
     let message = error.to_string();
@@ -198,7 +200,8 @@ async fn an_older_corrupt_copy_is_replaced() {
     let corrupt = with_suffix(&path, ".corrupt");
     std::fs::write(&corrupt, b"old corrupt").unwrap();
     let bytes = &fixture()[..4096];
-    save(stream::iter(chunks(bytes)), &path, "n", &mut |_| {})
+    Save::from_chunks(stream::iter(chunks(bytes)), "n")
+        .to(&path)
         .await
         .expect_err("rejected");
     assert_eq!(std::fs::read(&corrupt).unwrap(), bytes);
@@ -208,7 +211,8 @@ async fn an_older_corrupt_copy_is_replaced() {
 async fn save_fails_when_the_part_file_cannot_be_created() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("missing-dir").join("s.db");
-    let error = save(stream::iter(chunks(fixture())), &path, "n", &mut |_| {})
+    let error = Save::from_chunks(stream::iter(chunks(fixture())), "n")
+        .to(&path)
         .await
         .expect_err("no directory");
     match error {
@@ -222,12 +226,10 @@ async fn save_fails_when_the_part_file_cannot_be_created() {
 #[test]
 fn the_save_future_is_send_for_send_streams() {
     fn assert_send<T: Send>(_: T) {}
-    let mut progress = |_: u64| {};
     let path = std::path::Path::new("/nonexistent/never-polled");
-    assert_send(save(
-        stream::iter(Vec::<Result<Bytes, ClientError>>::new()),
-        path,
-        "n",
-        &mut progress,
-    ));
+    assert_send(
+        Save::from_chunks(stream::iter(Vec::<Result<Bytes, ClientError>>::new()), "n")
+            .progress(|_| {})
+            .to(path),
+    );
 }

@@ -1,15 +1,12 @@
 //! Verification of real etcd 3.4 snapshots: our status against
 //! `etcdctl snapshot status`, and rejection of damaged files.
 
-#[path = "support/etcd.rs"]
-mod support;
-
 use std::path::Path;
 
 use talos_client::snapshot::bbolt::{BboltError, Corruption, Db, Entry};
 use talos_client::snapshot::{CheckFailure, SnapshotError, SnapshotReport, verify_file};
 
-use support::{etcdctl_status, fixture, reseal, write};
+use talos_test_support::etcd::{etcdctl_status, fixture, reseal, write};
 
 fn rejection(result: Result<SnapshotReport, SnapshotError>) -> (CheckFailure, String) {
     match result {

@@ -10,7 +10,7 @@ use talos_client::config::{
     ConfigError, ConfigPath, Context, Overrides, TalosConfig, default_paths_with,
     normalize_endpoint,
 };
-use talos_client::sim::pki::{Ca, LeafSpec};
+use talos_sim::pki::{Ca, LeafSpec};
 
 const UPSTREAM: &str = include_str!("fixtures/upstream-talosconfig.yaml");
 

@@ -61,8 +61,20 @@ impl fmt::Display for ApplyMode {
     }
 }
 
+/// A word that names no variant of an option, with the words accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {word:?} (expected {expected})")]
+pub struct UnknownVariant {
+    /// What was being parsed, e.g. "mode".
+    pub what: &'static str,
+    /// The word given.
+    pub word: String,
+    /// The words accepted.
+    pub expected: &'static str,
+}
+
 impl FromStr for ApplyMode {
-    type Err = String;
+    type Err = UnknownVariant;
 
     fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
         Ok(match s {
@@ -72,9 +84,11 @@ impl FromStr for ApplyMode {
             "staged" => ApplyMode::Staged,
             "try" => ApplyMode::Try,
             other => {
-                return Err(format!(
-                    "unknown mode {other:?} (expected auto, no-reboot, reboot, staged or try)"
-                ));
+                return Err(UnknownVariant {
+                    what: "mode",
+                    word: other.to_string(),
+                    expected: "auto, no-reboot, reboot, staged or try",
+                });
             }
         })
     }
@@ -141,7 +155,7 @@ pub enum WipeMode {
 }
 
 impl FromStr for WipeMode {
-    type Err = String;
+    type Err = UnknownVariant;
 
     fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
         Ok(match s {
@@ -149,9 +163,11 @@ impl FromStr for WipeMode {
             "system-disk" => WipeMode::SystemDisk,
             "user-disks" => WipeMode::UserDisks,
             other => {
-                return Err(format!(
-                    "unknown wipe mode {other:?} (expected all, system-disk or user-disks)"
-                ));
+                return Err(UnknownVariant {
+                    what: "wipe mode",
+                    word: other.to_string(),
+                    expected: "all, system-disk or user-disks",
+                });
             }
         })
     }

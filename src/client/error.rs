@@ -159,7 +159,7 @@ impl Error {
     pub fn from_status(status: &tonic::Status, node: Option<&str>) -> Error {
         use std::error::Error as _;
         if let Some(source) = status.source()
-            && let Some(reason) = super::transport::describe_tls_cause(source)
+            && let Some(reason) = crate::tls::describe_tls_cause(source)
         {
             return Error::from_code(Code::Unauthenticated, reason, node);
         }

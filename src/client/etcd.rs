@@ -369,33 +369,3 @@ impl Stream for ByteStream {
         }
     }
 }
-
-impl ByteStream {
-    /// Writes the whole stream to `path` (created or truncated, mode 0600)
-    /// through a 1 MiB buffer and syncs it; returns the byte count. This does
-    /// not verify anything: see [`crate::snapshot::save`] for that.
-    pub async fn write_to_file(mut self, path: &std::path::Path) -> Result<u64> {
-        use tokio::io::AsyncWriteExt as _;
-        let io_error = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)
-            .await
-            .map_err(io_error)?;
-        let mut writer = tokio::io::BufWriter::with_capacity(1 << 20, file);
-        let mut total = 0u64;
-        while let Some(chunk) = self.next_chunk().await? {
-            total += chunk.len() as u64;
-            writer.write_all(&chunk).await.map_err(io_error)?;
-        }
-        writer.flush().await.map_err(io_error)?;
-        writer.get_mut().sync_all().await.map_err(io_error)?;
-        Ok(total)
-    }
-}

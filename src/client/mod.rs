@@ -37,7 +37,9 @@ use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-pub use changes::{ApplyMode, ApplyRequest, ApplyResult, RebootMode, ResetRequest, WipeMode};
+pub use changes::{
+    ApplyMode, ApplyRequest, ApplyResult, RebootMode, ResetRequest, UnknownVariant, WipeMode,
+};
 pub use error::{ConnectAttempt, Error, Failure};
 pub use etcd::{AlarmType, ByteStream, EtcdMember, EtcdMemberStatus, MemberAlarm, MemberId};
 pub use reply::{NodeResult, NodeResults};
@@ -275,6 +277,24 @@ impl Client {
     /// A client for a resolved talosconfig context with default settings.
     pub fn from_context(context: &ResolvedContext) -> Result<Client> {
         Client::builder_from_context(context).build()
+    }
+
+    /// Connects as talosctl does without flags: the talosconfig found by the
+    /// default lookup ([`default_paths`](crate::config::default_paths):
+    /// `$TALOSCONFIG`, `$TALOS_HOME/config`, `~/.talos/config`, the in-pod
+    /// path), its current context, default settings. Errors name the file
+    /// and context at fault.
+    ///
+    /// ```no_run
+    /// # async fn run() -> talos_client::Result<()> {
+    /// let client = talos_client::Client::infer()?;
+    /// println!("{}", client.version().await?.tag);
+    /// # Ok(()) }
+    /// ```
+    pub fn infer() -> Result<Client> {
+        let (config, location) = crate::config::TalosConfig::load(None)?;
+        let context = config.resolve(&crate::config::Overrides::default(), &location.path)?;
+        Client::from_context(&context)
     }
 }
 

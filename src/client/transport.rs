@@ -17,7 +17,8 @@ use tokio_rustls::client::TlsStream;
 use tonic::transport::{Channel, Endpoint};
 
 use super::error::{ConnectAttempt, Error};
-use crate::config::loader::EndpointAddr;
+use crate::config::EndpointAddr;
+use crate::tls::describe_connect_error;
 
 /// Connection settings.
 #[derive(Debug, Clone)]
@@ -156,81 +157,4 @@ impl tower::Service<Uri> for TlsConnector {
             Ok(TokioIo::new(stream))
         })
     }
-}
-
-/// Explains a failed connection in operator terms: which certificate check
-/// failed rather than a chain of transport wrappers.
-pub(crate) fn describe_connect_error(
-    err: &(dyn std::error::Error + 'static),
-    host: &str,
-) -> String {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    let mut chain = Vec::new();
-    while let Some(e) = source {
-        if let Some(rustls_error) = find_rustls_error(e) {
-            return describe_tls(rustls_error, host);
-        }
-        let text = e.to_string();
-        if !chain.iter().any(|c: &String| c.contains(&text)) {
-            chain.push(text);
-        }
-        source = e.source();
-    }
-    chain.join(": ")
-}
-
-/// Explains a TLS failure found anywhere in an error's source chain.
-pub(crate) fn describe_tls_cause(err: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = source {
-        if let Some(rustls_error) = find_rustls_error(e) {
-            return Some(describe_tls(rustls_error, "the server"));
-        }
-        // tokio-rustls reports alerts on reads as text only.
-        let text = e.to_string();
-        if let Some(alert) = text.split("received fatal alert: ").nth(1) {
-            return Some(rejected(alert));
-        }
-        source = e.source();
-    }
-    None
-}
-
-fn find_rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    if let Some(r) = e.downcast_ref::<rustls::Error>() {
-        return Some(r);
-    }
-    e.downcast_ref::<std::io::Error>()
-        .and_then(|io| io.get_ref())
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-}
-
-fn describe_tls(e: &rustls::Error, host: &str) -> String {
-    use rustls::{AlertDescription as A, CertificateError as C, Error as E};
-    match e {
-        E::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => format!(
-            "TLS: the server certificate of {host} is not signed by the configured CA (wrong talosconfig or cluster?)"
-        ),
-        E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
-            format!("TLS: the server certificate is not valid for {host:?} (no matching SAN)")
-        }
-        E::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
-            "TLS: the server certificate has expired".to_string()
-        }
-        E::AlertReceived(
-            alert @ (A::BadCertificate
-            | A::CertificateExpired
-            | A::UnknownCA
-            | A::CertificateUnknown
-            | A::UnsupportedCertificate
-            | A::CertificateRequired),
-        ) => rejected(format!("{alert:?}")),
-        other => format!("TLS: {other}"),
-    }
-}
-
-fn rejected(alert: impl std::fmt::Display) -> String {
-    format!(
-        "TLS: the server rejected the connection ({alert}); check that the client certificate is signed by this cluster's CA, not expired, and has exactly the ClientAuth usage"
-    )
 }

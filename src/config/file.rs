@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use serde_yaml::Mapping;
+use serde_norway::Mapping;
 
 /// A whole talosconfig file.
 #[derive(Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -4,8 +4,7 @@
 
 use std::fmt;
 use std::fs;
-use std::io::{self, Write as _};
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -40,7 +39,7 @@ pub enum ConfigError {
         path: PathBuf,
         /// The YAML error, with line and column.
         #[source]
-        source: serde_yaml::Error,
+        source: serde_norway::Error,
     },
     /// No talosconfig exists at any default location.
     #[error("no talosconfig found (looked at {}); pass --talosconfig or set TALOSCONFIG", display_paths(.tried))]
@@ -186,7 +185,7 @@ impl TalosConfig {
         let mut config: TalosConfig = if yaml.iter().all(u8::is_ascii_whitespace) {
             TalosConfig::default()
         } else {
-            serde_yaml::from_slice(yaml).map_err(|source| ConfigError::Parse {
+            serde_norway::from_slice(yaml).map_err(|source| ConfigError::Parse {
                 path: path.to_path_buf(),
                 source,
             })?
@@ -230,7 +229,7 @@ impl TalosConfig {
 
     /// Serializes to YAML.
     pub fn to_yaml(&self) -> String {
-        serde_yaml::to_string(self).expect("a talosconfig always serializes")
+        serde_norway::to_string(self).expect("a talosconfig always serializes")
     }
 
     /// Writes the file atomically with mode 0600: a temporary file in the same
@@ -242,7 +241,7 @@ impl TalosConfig {
                 path: location.path.clone(),
             });
         }
-        write_atomic(&location.path, self.to_yaml().as_bytes()).map_err(|source| {
+        crate::files::write_atomic(&location.path, self.to_yaml().as_bytes()).map_err(|source| {
             ConfigError::Write {
                 path: location.path.clone(),
                 source,
@@ -365,46 +364,6 @@ fn decode_pem(
     base64::engine::general_purpose::STANDARD
         .decode(compact)
         .map_err(|e| bad(format!("not valid base64: {e}")))
-}
-
-/// Writes `data` to `path` via a synced temporary file and a rename, with mode
-/// 0600, creating the directory (0700) if needed.
-pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if !dir.exists() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)?;
-    }
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a file path"))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        file.set_permissions(fs::Permissions::from_mode(0o600))?;
-        file.write_all(data)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)?;
-        fs::File::open(&dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// Command-line style overrides applied on top of a context.

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-pub use save::{SavedSnapshot, SnapshotMetadata, save};
+pub use save::{Save, SavedSnapshot, SnapshotMetadata, save};
 pub use status::Status;
 
 use bbolt::{BboltError, Db};

@@ -49,25 +49,82 @@ pub struct SnapshotMetadata {
     pub report: SnapshotReport,
 }
 
-/// Saves a streamed snapshot (e.g. [`crate::client::ByteStream`]) at `path`,
-/// verified.
+/// Starts saving the snapshot `stream` (from
+/// [`Client::etcd_snapshot`](crate::Client::etcd_snapshot)); the node is the
+/// one the stream comes from. Finish with [`Save::to`]:
 ///
-/// The chunks go to `PATH.part` (mode 0600) through large buffers written on
-/// a blocking thread, which also computes the sha256 of everything but the
-/// last 32 bytes. `progress` is called with the byte count after every chunk.
-/// Then: fsync, trailer check, sha256 check, bbolt check, status; only when
-/// all pass is `PATH.part` renamed to `PATH` (replacing an older snapshot),
-/// the directory synced and `PATH.json` written atomically.
-///
-/// - A failed transfer removes `PATH.part` and returns
-///   [`SnapshotError::Transfer`]: nothing is left behind.
-/// - A failed check renames `PATH.part` to `PATH.corrupt` (replacing an
-///   older one) and returns [`SnapshotError::Check`] naming the check and the
-///   corrupt copy.
-///
-/// Either way an existing `PATH` is untouched. Dropping the future removes
-/// `PATH.part`.
-pub async fn save<S>(
+/// ```no_run
+/// # async fn run(client: talos_client::Client<talos_client::One>) -> Result<(), Box<dyn std::error::Error>> {
+/// let stream = client.etcd_snapshot().await?;
+/// let saved = talos_client::snapshot::save(stream)
+///     .progress(|bytes| eprintln!("{bytes} bytes"))
+///     .to(std::path::Path::new("etcd.db"))
+///     .await?;
+/// println!("revision {}", saved.report.status.revision);
+/// # Ok(()) }
+/// ```
+pub fn save(stream: crate::client::ByteStream) -> Save<crate::client::ByteStream> {
+    let node = stream.node().to_string();
+    Save::from_chunks(stream, node)
+}
+
+/// A snapshot save being set up: see [`save`] and [`Save::to`].
+#[must_use = "a Save does nothing until `.to(path)` is awaited"]
+pub struct Save<S> {
+    chunks: S,
+    node: String,
+    progress: Option<Box<dyn FnMut(u64) + Send>>,
+}
+
+impl<S> Save<S>
+where
+    S: Stream<Item = Result<Bytes, crate::client::Error>> + Unpin,
+{
+    /// Saves any stream of snapshot chunks, recording `node` as its source.
+    pub fn from_chunks(chunks: S, node: impl Into<String>) -> Self {
+        Save {
+            chunks,
+            node: node.into(),
+            progress: None,
+        }
+    }
+
+    /// Calls `progress` with the byte count received so far after every
+    /// chunk.
+    pub fn progress(mut self, progress: impl FnMut(u64) + Send + 'static) -> Self {
+        self.progress = Some(Box::new(progress));
+        self
+    }
+
+    /// Saves the stream at `path`, verified.
+    ///
+    /// The chunks go to `PATH.part` (mode 0600) through large buffers written on
+    /// a blocking thread, which also computes the sha256 of everything but the
+    /// last 32 bytes.
+    /// Then: fsync, trailer check, sha256 check, bbolt check, status; only when
+    /// all pass is `PATH.part` renamed to `PATH` (replacing an older snapshot),
+    /// the directory synced and `PATH.json` written atomically.
+    ///
+    /// - A failed transfer removes `PATH.part` and returns
+    ///   [`SnapshotError::Transfer`]: nothing is left behind.
+    /// - A failed check renames `PATH.part` to `PATH.corrupt` (replacing an
+    ///   older one) and returns [`SnapshotError::Check`] naming the check and the
+    ///   corrupt copy.
+    ///
+    /// Either way an existing `PATH` is untouched. Dropping the future removes
+    /// `PATH.part`.
+    pub async fn to(mut self, path: &Path) -> Result<SavedSnapshot, SnapshotError> {
+        let mut progress = self.progress.take();
+        let mut report = |n: u64| {
+            if let Some(p) = progress.as_mut() {
+                p(n)
+            }
+        };
+        save_chunks(self.chunks, path, &self.node, &mut report).await
+    }
+}
+
+async fn save_chunks<S>(
     mut chunks: S,
     path: &Path,
     node: &str,
@@ -200,7 +257,7 @@ where
     let (from, to, json) = (part.clone(), path.to_owned(), sidecar.clone());
     blocking(path, move || {
         fs::rename(&from, &to)?;
-        sync_parent(&to)?;
+        crate::files::sync_parent(&to)?;
         write_sidecar(&json, &metadata)
     })
     .await?;
@@ -329,30 +386,12 @@ fn create_private(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
-fn sync_parent(path: &Path) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    File::open(dir)?.sync_all()
-}
-
-/// Writes the sidecar atomically: temporary file, fsync, rename, dir fsync.
+/// Writes the sidecar through the one atomic writer (0600, fsync, rename,
+/// directory fsync).
 fn write_sidecar(path: &Path, metadata: &SnapshotMetadata) -> io::Result<()> {
     let mut json = serde_json::to_vec_pretty(metadata).map_err(io::Error::other)?;
     json.push(b'\n');
-    let tmp = with_suffix(path, ".tmp");
-    let result = (|| {
-        let mut file = create_private(&tmp)?;
-        file.write_all(&json)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)?;
-        sync_parent(path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    crate::files::write_atomic(path, &json)
 }
 
 #[cfg(test)]

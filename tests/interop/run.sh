@@ -2,7 +2,7 @@
 # Interop tests against upstream Talos's own Go code: vets and builds the Go
 # programs of this module (pinned github.com/siderolabs/talos/pkg/machinery,
 # see go.mod and proto/README.md) into tests/interop/bin, then runs the Rust
-# side, `cargo test --test interop`, with them. Extra arguments go to cargo
+# side, `cargo test -p talos-test-support --features interop --test interop`, with them. Extra arguments go to cargo
 # test (e.g. `-- --nocapture`).
 #
 # It needs Go (the version in go.mod or newer) and, unless the Go module
@@ -48,4 +48,4 @@ go build -o "$here/bin/" ./cmd/...
 echo "interop: built $(ls "$here/bin" | tr '\n' ' ')against $(go list -m -f '{{.Path}} {{.Version}}' github.com/siderolabs/talos/pkg/machinery)"
 
 cd "$root"
-INTEROP_BIN_DIR="$here/bin" cargo test --locked --features interop --test interop "$@"
+INTEROP_BIN_DIR="$here/bin" cargo test --locked -p talos-test-support --features interop --test interop "$@"

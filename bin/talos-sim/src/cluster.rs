@@ -14,9 +14,8 @@ use super::etcd_process::ClusterState;
 use super::node::{Node, NodeLayout, Power};
 use super::pki::{Ca, LeafSpec};
 use super::{SimConfig, SimError};
-use crate::client::transport::{Connection, Settings};
-use crate::config::{Context, TalosConfig, loader::EndpointAddr};
-use crate::tls::Credentials;
+use talos_client::config::{Context, TalosConfig};
+use talos_client::tls::Credentials;
 
 /// What a simulated node is, for printing and for scripts.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -49,7 +48,7 @@ pub(crate) struct Shared {
     nodes: RwLock<Vec<Arc<Node>>>,
     /// The identity apids use to forward calls to each other.
     proxy_identity: Credentials,
-    backends: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
+    backends: tokio::sync::Mutex<HashMap<String, Channel>>,
     machine_config: String,
     add_lock: tokio::sync::Mutex<()>,
 }
@@ -61,7 +60,7 @@ pub struct Cluster {
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<(), SimError> {
-    crate::config::loader::write_atomic(path, data).map_err(|e| SimError::io(path, e))
+    talos_client::files::write_atomic(path, data).map_err(|e| SimError::io(path, e))
 }
 
 /// Loads the CA kept in `dir/pki`, or makes and stores one.
@@ -162,7 +161,7 @@ impl Cluster {
             .nodes()
             .iter()
             .map(|n| {
-                if n.api_port == crate::config::loader::DEFAULT_API_PORT {
+                if n.api_port == talos_client::config::DEFAULT_API_PORT {
                     n.ip.to_string()
                 } else {
                     n.api_addr()
@@ -378,8 +377,8 @@ impl Shared {
             self.ca.cert_pem.as_bytes(),
             cert.cert_pem.as_bytes(),
             cert.key_pem.as_bytes(),
-        )
-        .server_config()?;
+        );
+        let server_tls = crate::tls::server_config(&server_tls)?;
         Node::new(
             NodeLayout {
                 index,
@@ -418,37 +417,19 @@ impl Shared {
             None if target.parse::<IpAddr>().is_ok() => target.to_string(),
             None => return Err(unreachable(format!("lookup {target}: no such host"))),
         };
-        let connection = {
-            let mut backends = self.backends.lock().await;
-            match backends.get(&host) {
-                Some(c) => c.clone(),
-                None => {
-                    let tls = self
-                        .proxy_identity
-                        .client_config()
-                        .map_err(|e| Status::internal(e.to_string()))?;
-                    let addr = EndpointAddr {
-                        host: host.clone(),
-                        port: self.cfg.api_port,
-                    };
-                    let settings = Settings {
-                        connect_timeout: Duration::from_secs(5),
-                        keepalive_interval: Duration::from_secs(30),
-                        keepalive_timeout: Duration::from_secs(20),
-                    };
-                    let c = Arc::new(Connection::new(vec![addr], tls, settings));
-                    backends.insert(host.clone(), c.clone());
-                    c
-                }
-            }
-        };
-        match connection.channel().await {
-            Ok((_, channel)) => Ok(channel),
-            Err(e) => {
-                connection.mark_failed(0).await;
-                Err(unreachable(e.to_string()))
-            }
+        let mut backends = self.backends.lock().await;
+        if let Some(channel) = backends.get(&host) {
+            return Ok(channel.clone());
         }
+        let tls = self
+            .proxy_identity
+            .client_config()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let channel = crate::dial::dial(&host, self.cfg.api_port, tls)
+            .await
+            .map_err(unreachable)?;
+        backends.insert(host, channel.clone());
+        Ok(channel)
     }
 
     async fn wait_for_leader(&self, timeout: Duration) -> Result<(), SimError> {

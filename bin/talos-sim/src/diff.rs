@@ -12,8 +12,8 @@ use tonic::Status;
 /// controlplane fail with InvalidArgument, as upstream's validation does.
 pub(crate) fn normalize(yaml: &[u8]) -> Result<String, Status> {
     let mut documents = Vec::new();
-    for document in serde_yaml::Deserializer::from_slice(yaml) {
-        let value = serde_yaml::Value::deserialize(document)
+    for document in serde_norway::Deserializer::from_slice(yaml) {
+        let value = serde_norway::Value::deserialize(document)
             .map_err(|e| Status::invalid_argument(format!("failed to parse config: {e}")))?;
         if !value.is_null() {
             documents.push(value);
@@ -49,7 +49,7 @@ pub(crate) fn normalize(yaml: &[u8]) -> Result<String, Status> {
         if i > 0 {
             out.push_str("---\n");
         }
-        out.push_str(&serde_yaml::to_string(document).expect("YAML values serialize"));
+        out.push_str(&serde_norway::to_string(document).expect("YAML values serialize"));
     }
     Ok(out)
 }

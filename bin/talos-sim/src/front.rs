@@ -23,9 +23,9 @@ use super::auth::{CallerRoles, IMPERSONATOR};
 use super::machined::Machined;
 use super::proxy::{self, MethodKind};
 use super::serve::certificate_roles;
-use crate::api::cluster::cluster_service_server::ClusterServiceServer;
-use crate::api::machine::machine_service_server::MachineServiceServer;
-use crate::client::MAX_MESSAGE_SIZE;
+use crate::api::server::cluster::cluster_service_server::ClusterServiceServer;
+use crate::api::server::machine::machine_service_server::MachineServiceServer;
+use talos_client::client::MAX_MESSAGE_SIZE;
 
 /// Metadata carrying the caller's roles between apids.
 const ROLE_KEY: &str = "talos-role";

@@ -3,7 +3,7 @@
 //! machined for the calls this crate speaks.
 //!
 //! ```no_run
-//! use talos_client::sim::{Cluster, SimConfig};
+//! use talos_sim::{Cluster, SimConfig};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = tempfile::tempdir()?;
@@ -20,8 +20,10 @@
 //! routes `node`/`nodes` metadata like apid. Where behaviour had to be
 //! chosen, it follows upstream and names the upstream file.
 
+pub mod api;
 mod auth;
 pub mod cluster;
+mod dial;
 mod diff;
 pub mod etcd_client;
 pub mod etcd_process;
@@ -34,6 +36,7 @@ pub mod node;
 pub mod pki;
 mod proxy;
 pub mod serve;
+pub mod tls;
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use std::path::{Path, PathBuf};
@@ -98,10 +101,10 @@ pub enum SimError {
     },
     /// TLS material was rejected.
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] talos_client::tls::TlsError),
     /// A talosconfig could not be written.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] talos_client::config::ConfigError),
     /// The request cannot be carried out in the cluster's state.
     #[error("{0}")]
     Refused(String),

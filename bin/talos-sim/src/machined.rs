@@ -12,10 +12,10 @@ use super::cluster::Shared;
 use super::diff;
 use super::machined_etcd as etcd;
 use super::node::{Node, SYSTEM_VOLUMES};
-use crate::api::cluster::cluster_service_server::ClusterService;
 use crate::api::cluster::{HealthCheckProgress, HealthCheckRequest};
-use crate::api::machine::machine_service_server::MachineService;
 use crate::api::machine::{self, apply_configuration_request::Mode};
+use crate::api::server::cluster::cluster_service_server::ClusterService;
+use crate::api::server::machine::machine_service_server::MachineService;
 use crate::api::{common, machine::reset_request::WipeMode};
 
 type BoxStream<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use talos_client::config::{Context, TalosConfig};
-use talos_client::sim::pki::{Ca, LeafSpec};
-use talos_client::sim::{Cluster, DEFAULT_BASE_IP, SimConfig};
+use talos_sim::pki::{Ca, LeafSpec};
+use talos_sim::{Cluster, DEFAULT_BASE_IP, SimConfig};
 use time::OffsetDateTime;
 
 #[derive(Parser)]

@@ -169,7 +169,7 @@ impl Node {
     }
 
     pub(crate) fn persist_config(&self, yaml: &str) -> std::io::Result<()> {
-        crate::config::loader::write_atomic(&self.config_path(), yaml.as_bytes())
+        talos_client::files::write_atomic(&self.config_path(), yaml.as_bytes())
     }
 
     /// The persisted configuration, if STATE holds one.

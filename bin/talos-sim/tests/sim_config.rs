@@ -1,7 +1,7 @@
 //! ApplyConfiguration on the simulator: validation, dry-run diffs, modes,
 //! TRY rollback and confirmation, and the single-apply lock.
 
-mod common;
+use talos_test_support as common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The simulator's etcd calls, through our client, against real etcd.
 
-mod common;
+use talos_test_support as common;
 
 use std::time::Duration;
 
@@ -16,7 +16,9 @@ async fn snapshot_carries_a_sha256_trailer_of_its_contents() {
     // Through apid on node 1, proxied to node 2.
     let stream = client.node(sim.ip(2)).etcd_snapshot().await.unwrap();
     let path = sim.dir.path().join("snap.db");
-    let size = stream.write_to_file(&path).await.unwrap();
+    let size = talos_test_support::stream_to_file(stream, &path)
+        .await
+        .unwrap();
     let data = std::fs::read(&path).unwrap();
     assert_eq!(data.len() as u64, size);
     assert_eq!(size % 512, 32, "a bbolt file plus a 32-byte trailer");
@@ -114,14 +116,14 @@ async fn alarms_defragment_and_services() {
     assert!(client.etcd_alarm_list().await.unwrap().is_empty());
 
     let status = client.etcd_status().await.unwrap();
-    let etcd = talos_client::sim::etcd_client::EtcdClient::connect(&[sim.cluster.nodes()[0]
+    let etcd = talos_sim::etcd_client::EtcdClient::connect(&[sim.cluster.nodes()[0]
         .etcd_client_url
         .clone()])
     .await
     .unwrap();
     etcd.alarm_activate(
         status.member_id.0,
-        talos_client::api::etcdserverpb::AlarmType::Nospace,
+        talos_sim::api::etcdserverpb::AlarmType::Nospace,
     )
     .await
     .unwrap();
@@ -238,7 +240,7 @@ async fn forfeit_picks_the_first_other_member_even_a_learner() {
         .iter()
         .map(|n| n.etcd_client_url.clone())
         .collect();
-    let etcd = talos_client::sim::etcd_client::EtcdClient::connect(&urls)
+    let etcd = talos_sim::etcd_client::EtcdClient::connect(&urls)
         .await
         .unwrap();
     let voters: Vec<u64> = etcd

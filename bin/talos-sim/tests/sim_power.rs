@@ -1,6 +1,6 @@
 //! Reset, reboot and shutdown on the simulator.
 
-mod common;
+use talos_test_support as common;
 
 use std::time::Duration;
 
@@ -137,14 +137,10 @@ async fn a_wiped_node_recovers_etcd_from_an_uploaded_snapshot() {
     sim.cluster.fill("/registry/keep/", 50, 100).await.unwrap();
     let node = direct(&sim, 1);
     let snapshot = sim.dir.path().join("backup.db");
-    let saved = talos_client::snapshot::save(
-        node.etcd_snapshot().await.unwrap(),
-        &snapshot,
-        "cp-1",
-        &mut |_| {},
-    )
-    .await
-    .unwrap();
+    let saved = talos_client::snapshot::save(node.etcd_snapshot().await.unwrap())
+        .to(&snapshot)
+        .await
+        .unwrap();
 
     // Wipe etcd's volume and reboot: the node comes back configured but
     // without etcd, and with no other member to join.
@@ -189,14 +185,10 @@ async fn a_wiped_node_recovers_etcd_from_an_uploaded_snapshot() {
     assert!(status.is_leader(), "a single restored member leads");
     // The restored data is there: a fresh snapshot holds the same keys.
     let again = sim.dir.path().join("again.db");
-    let restored = talos_client::snapshot::save(
-        node.etcd_snapshot().await.unwrap(),
-        &again,
-        "cp-1",
-        &mut |_| {},
-    )
-    .await
-    .unwrap();
+    let restored = talos_client::snapshot::save(node.etcd_snapshot().await.unwrap())
+        .to(&again)
+        .await
+        .unwrap();
     assert_eq!(
         restored.report.status.total_keys,
         saved.report.status.total_keys

@@ -2,13 +2,13 @@
 //! `nodes` aggregation with a failed node, roles across the proxy hop, and
 //! the TLS rules of apid.
 
-mod common;
+use talos_test_support as common;
 
 use std::time::Duration;
 
 use common::sim::{SimCluster, wait_for};
 use talos_client::Error;
-use talos_client::sim::pki::{LeafSpec, Usage};
+use talos_sim::pki::{LeafSpec, Usage};
 
 #[tokio::test]
 async fn aggregated_nodes_tag_each_answer_and_report_a_dead_node() {
@@ -98,7 +98,12 @@ async fn roles_are_enforced_on_the_target_node_through_the_proxy() {
         .await
         .expect("etcd:backup may snapshot");
     let path = sim.dir.path().join("b.db");
-    assert!(stream.write_to_file(&path).await.unwrap() > 0);
+    assert!(
+        talos_test_support::stream_to_file(stream, &path)
+            .await
+            .unwrap()
+            > 0
+    );
     // Aggregated: each node's refusal becomes that node's error.
     let replies = backup
         .aggregate([sim.ip(1), sim.ip(2)])

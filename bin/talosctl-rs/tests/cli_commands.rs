@@ -1,12 +1,12 @@
 //! The real talosctl-rs binary: version, config, apply-config, reset,
 //! completion, man, and exit codes.
 
-mod common;
+use talos_test_support as common;
 
 use common::cli::{run, run_bare};
 use common::sim::SimCluster;
 use talos_client::config::{Context, TalosConfig};
-use talos_client::sim::pki::{Ca, LeafSpec};
+use talos_sim::pki::{Ca, LeafSpec};
 use time::OffsetDateTime;
 
 #[tokio::test]

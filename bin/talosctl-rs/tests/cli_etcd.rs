@@ -1,6 +1,6 @@
 //! The real talosctl-rs binary against talos-sim: etcd commands.
 
-mod common;
+use talos_test_support as common;
 
 use common::cli::run;
 use common::sim::SimCluster;
@@ -51,7 +51,7 @@ async fn members_status_and_alarms() {
     let alarms = run(&tc, &["-o", "yaml", "etcd", "alarm", "list"])
         .await
         .ok();
-    let alarms: serde_yaml::Value = serde_yaml::from_str(&alarms.stdout).unwrap();
+    let alarms: serde_norway::Value = serde_norway::from_str(&alarms.stdout).unwrap();
     assert_eq!(alarms[0]["result"].as_sequence().unwrap().len(), 0);
     run(&tc, &["etcd", "alarm", "disarm"]).await.ok();
     run(&tc, &["etcd", "defrag"]).await.ok();

@@ -224,7 +224,9 @@ pub async fn typed_calls(client: &Client, scratch: &std::path::Path) {
     let stream = node.etcd_snapshot().await.expect("EtcdSnapshot");
     assert_eq!(stream.node(), STUB_NODE);
     let path = scratch.join("typed-snapshot.db");
-    let written = stream.write_to_file(&path).await.expect("snapshot written");
+    let written = talos_test_support::stream_to_file(stream, &path)
+        .await
+        .expect("snapshot written");
     assert_eq!(written as usize, expected_snapshot().len());
     assert_eq!(std::fs::read(&path).unwrap(), expected_snapshot());
 

@@ -3,9 +3,23 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// A binary of the workspace, built next to the running test executable
+/// (`target/<profile>/deps/<test>` -> `target/<profile>/<name>`). Cargo
+/// builds a package's binaries before its integration tests run.
+pub fn cargo_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable lies in target/<profile>/deps");
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is not built", path.display());
+    path
+}
+
 /// The built CLI.
 pub fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_talosctl-rs"))
+    cargo_bin("talosctl-rs")
 }
 
 /// What a CLI run produced.

@@ -1,9 +1,7 @@
 //! Test support for the snapshot tests: a throwaway single-member etcd (the
 //! Debian `etcd` 3.4 and `etcdctl` binaries) and snapshots taken from it.
 //!
-//! Included by the `snapshot_*` test files with `#[path]`.
-
-#![allow(dead_code)]
+//! Used by the `snapshot_*` tests.
 
 use std::fs::File;
 use std::io::{Read, Write};

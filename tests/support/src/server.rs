@@ -2,11 +2,6 @@
 //! 127.0.0.1:0 with certificates made at test time, and a MachineService
 //! whose answers the tests control and whose received metadata they inspect.
 
-#![allow(dead_code)]
-
-pub mod cli;
-pub mod sim;
-
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -14,11 +9,13 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
-use talos_client::api::machine::machine_service_server::{MachineService, MachineServiceServer};
 use talos_client::api::{common, google, machine};
-use talos_client::sim::pki::{Ca, CertAndKey, LeafSpec};
-use talos_client::sim::serve::{peer_roles, tls_incoming};
 use talos_client::tls::Credentials;
+use talos_sim::api::server::machine::machine_service_server::{
+    MachineService, MachineServiceServer,
+};
+use talos_sim::pki::{Ca, CertAndKey, LeafSpec};
+use talos_sim::serve::{peer_roles, tls_incoming};
 use tonic::{Request, Response, Status};
 
 /// A CA with a server certificate for 127.0.0.1 and admin and reader client
@@ -28,6 +25,12 @@ pub struct TestPki {
     pub server: CertAndKey,
     pub admin: CertAndKey,
     pub reader: CertAndKey,
+}
+
+impl Default for TestPki {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl TestPki {
@@ -86,6 +89,8 @@ pub struct State {
     pub member_list_calls: AtomicU32,
     /// Bytes the snapshot stream sends.
     pub snapshot_size: Mutex<u64>,
+    /// When set, the snapshot stream sends this file's bytes instead.
+    pub snapshot_file: Mutex<Option<std::path::PathBuf>>,
     /// Bytes and sha256 received by EtcdRecover.
     pub recovered: Mutex<Option<(u64, String)>>,
 }
@@ -122,6 +127,24 @@ impl TestService {
 
 /// Snapshot chunk size used by Talos.
 pub const CHUNK: usize = 1024;
+
+/// A file's bytes in `CHUNK`-sized messages, read as the transport asks.
+fn file_chunks(path: std::path::PathBuf) -> impl Stream<Item = Result<common::Data, Status>> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(&path).expect("the snapshot file to serve");
+    futures::stream::unfold(file, |mut file| async move {
+        let mut buf = vec![0u8; CHUNK];
+        let n = file.read(&mut buf).expect("read the snapshot file");
+        (n > 0).then(|| {
+            buf.truncate(n);
+            let data = common::Data {
+                metadata: None,
+                bytes: Bytes::from(buf),
+            };
+            (Ok(data), file)
+        })
+    })
+}
 
 /// The deterministic byte at `offset` of the test snapshot.
 pub fn snapshot_byte(offset: u64) -> u8 {
@@ -268,6 +291,9 @@ impl MachineService for TestService {
         request: Request<machine::EtcdSnapshotRequest>,
     ) -> Result<Response<DataStream>, Status> {
         self.record("EtcdSnapshot", &request);
+        if let Some(path) = self.state.snapshot_file.lock().unwrap().clone() {
+            return Ok(Response::new(Box::pin(file_chunks(path))));
+        }
         let size = *self.state.snapshot_size.lock().unwrap();
         // Chunks are produced lazily, as the transport asks for them.
         let chunks = futures::stream::unfold(0u64, move |offset| async move {
@@ -329,7 +355,7 @@ impl TestServer {
             .await
             .expect("bind");
         let addr = listener.local_addr().unwrap();
-        let config = server.server_config().expect("server TLS");
+        let config = talos_sim::tls::server_config(&server).expect("server TLS");
         let state = Arc::new(State::default());
         let service = TestService {
             hostname: hostname.to_string(),

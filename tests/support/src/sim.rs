@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use talos_client::Client;
 use talos_client::config::{Overrides, TalosConfig};
-use talos_client::sim::{Cluster, SimConfig};
+use talos_sim::{Cluster, SimConfig};
 
 /// A running cluster with its directory; both go away when dropped (every
 /// etcd is killed by the cluster's drop).

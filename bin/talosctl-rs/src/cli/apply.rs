@@ -25,7 +25,9 @@ pub struct ApplyArgs {
 }
 
 fn parse_mode(value: &str) -> Result<ApplyMode, String> {
-    value.parse()
+    value
+        .parse()
+        .map_err(|e: talos_client::client::UnknownVariant| e.to_string())
 }
 
 /// Parses a Go duration (`1m`, `30s`, `1m30s`, `1.5s`, `500ms`, `2h`).

@@ -215,7 +215,7 @@ impl ErrorOutput {
 pub fn print_structured<T: Serialize>(output: Output, value: &T) -> anyhow::Result<()> {
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(value)?),
+        Output::Yaml => print!("{}", serde_norway::to_string(value)?),
         Output::Table => unreachable!("tables are printed by each command"),
     }
     Ok(())

@@ -42,7 +42,9 @@ pub struct ResetArgs {
 }
 
 fn parse_wipe_mode(value: &str) -> Result<WipeMode, String> {
-    value.parse()
+    value
+        .parse()
+        .map_err(|e: talos_client::client::UnknownVariant| e.to_string())
 }
 
 /// Refuses a non-graceful reset of a node that is still a voting etcd

@@ -74,12 +74,11 @@ pub async fn save(global: &Global, path: &Path) -> anyhow::Result<()> {
     let (client, node) = global.connect_one("etcd snapshot")?;
     let stream = client.etcd_snapshot().await?;
     let bar = progress_bar();
-    let mut progress = |bytes: u64| {
-        if let Some(bar) = &bar {
-            bar.set_position(bytes);
-        }
-    };
-    let saved = snapshot::save(stream, path, &node, &mut progress).await;
+    let mut save = snapshot::save(stream);
+    if let Some(bar) = bar.clone() {
+        save = save.progress(move |bytes| bar.set_position(bytes));
+    }
+    let saved = save.to(path).await;
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }

@@ -14,11 +14,11 @@
 //! tests/interop/run.sh). Without Go, or without the module proxy when
 //! modules are missing, these tests fail: they never skip.
 
-#[path = "interop/rust/canned.rs"]
+#[path = "canned.rs"]
 mod canned;
-#[path = "interop/rust/harness.rs"]
+#[path = "harness.rs"]
 mod harness;
-#[path = "interop/rust/stub_calls.rs"]
+#[path = "stub_calls.rs"]
 mod stub_calls;
 
 use std::ffi::OsString;
@@ -31,8 +31,8 @@ use prost::Message;
 use talos_client::api::machine;
 use talos_client::client::{EtcdMember, MemberId};
 use talos_client::config::{Overrides, TalosConfig};
-use talos_client::sim::{Cluster, SimConfig};
 use talos_client::{Client, Error};
+use talos_sim::{Cluster, SimConfig};
 
 use canned::*;
 use harness::StubServer;

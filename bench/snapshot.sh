@@ -12,7 +12,7 @@ size_mib="${SIZE_MIB:-1024}"
 limit_kib=$((32 * 1024))
 
 scripts/install-deps.sh
-cargo build --locked --release --bins
+cargo build --locked --release --workspace --bins
 
 work="$(mktemp -d -t talos-bench-XXXXXX)"
 sim_pid=""

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
-cargo build --locked --release --bins
+cargo build --locked --release --workspace --bins
 
 work="${1:-$(mktemp -d -t talos-demo-XXXXXX)}"
 mkdir -p "$work"

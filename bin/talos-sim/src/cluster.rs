@@ -99,6 +99,11 @@ impl Cluster {
     /// `dir/talosconfig-backup`. Any node data from an earlier run in `dir` is
     /// discarded: every `up` starts a fresh etcd cluster.
     pub async fn up(cfg: SimConfig) -> Result<Cluster, SimError> {
+        if cfg.nodes == 0 {
+            return Err(SimError::Refused(
+                "a cluster needs at least one node".into(),
+            ));
+        }
         std::fs::create_dir_all(&cfg.dir).map_err(|e| SimError::io(&cfg.dir, e))?;
         let nodes_dir = cfg.dir.join("nodes");
         if nodes_dir.exists() {

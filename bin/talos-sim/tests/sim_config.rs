@@ -188,3 +188,15 @@ async fn staged_waits_for_the_next_boot() {
             .contains("+  clusterName: renamed")
     );
 }
+
+#[tokio::test]
+async fn a_cluster_of_no_nodes_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    match talos_sim::Cluster::up(talos_sim::SimConfig::isolated(dir.path(), 0)).await {
+        Err(talos_sim::SimError::Refused(reason)) => {
+            assert!(reason.contains("at least one node"), "{reason}")
+        }
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("a cluster of no nodes started"),
+    }
+}

@@ -18,7 +18,7 @@ use talos_client::config::{Context, TalosConfig};
 use talos_client::tls::Credentials;
 
 /// What a simulated node is, for printing and for scripts.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeInfo {
     /// Hostname and etcd member name.
     pub name: String,
@@ -265,8 +265,8 @@ impl Cluster {
         self.shared.add_node().await
     }
 
-    /// Answers `add-node`, `nodes` and `fill COUNT VALUE_SIZE` requests (one line each, JSON reply) on
-    /// a Unix socket (mode 0600) until the cluster shuts down.
+    /// Answers [`control::Request`](crate::control::Request)s on a Unix
+    /// socket (mode 0600) until the cluster shuts down.
     pub fn serve_control(&self, socket: &Path) -> Result<(), SimError> {
         use std::os::unix::fs::PermissionsExt as _;
         let _ = std::fs::remove_file(socket);
@@ -274,15 +274,7 @@ impl Cluster {
             tokio::net::UnixListener::bind(socket).map_err(|e| SimError::io(socket, e))?;
         std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| SimError::io(socket, e))?;
-        let shared = Arc::downgrade(&self.shared);
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let Some(shared) = shared.upgrade() else {
-                    return;
-                };
-                tokio::spawn(async move { shared.answer_control(stream).await });
-            }
-        });
+        crate::control::serve(listener, Arc::downgrade(&self.shared));
         Ok(())
     }
 
@@ -294,7 +286,12 @@ impl Cluster {
 }
 
 impl Shared {
-    async fn fill(&self, prefix: &str, count: usize, value_size: usize) -> Result<(), SimError> {
+    pub(crate) async fn fill(
+        &self,
+        prefix: &str,
+        count: usize,
+        value_size: usize,
+    ) -> Result<(), SimError> {
         let client = EtcdClient::connect(&self.control_plane_etcd_urls()).await?;
         let value = vec![b'x'; value_size];
         for i in 0..count {
@@ -305,7 +302,7 @@ impl Shared {
         Ok(())
     }
 
-    async fn add_node(self: &Arc<Self>) -> Result<NodeInfo, SimError> {
+    pub(crate) async fn add_node(self: &Arc<Self>) -> Result<NodeInfo, SimError> {
         let _one_at_a_time = self.add_lock.lock().await;
         let index = self.nodes().len() + 1;
         let node = Arc::new(self.create_node(index)?);
@@ -315,43 +312,8 @@ impl Shared {
         Ok(NodeInfo::of(&node))
     }
 
-    async fn answer_control(self: Arc<Self>, stream: tokio::net::UnixStream) {
-        use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
-        let (read, mut write) = stream.into_split();
-        let mut lines = tokio::io::BufReader::new(read).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            let reply = match words.as_slice() {
-                ["fill", count, size] => match (count.parse(), size.parse()) {
-                    (Ok(count), Ok(size)) => match self.fill("/talos-sim/fill/", count, size).await
-                    {
-                        Ok(()) => serde_json::json!({ "ok": true }),
-                        Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }),
-                    },
-                    _ => {
-                        serde_json::json!({ "ok": false, "error": "usage: fill COUNT VALUE_SIZE" })
-                    }
-                },
-                ["add-node"] => match self.add_node().await {
-                    Ok(info) => serde_json::json!({ "ok": true, "node": info }),
-                    Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }),
-                },
-                ["nodes"] => {
-                    let nodes: Vec<_> = self.nodes().iter().map(|n| NodeInfo::of(n)).collect();
-                    serde_json::json!({ "ok": true, "nodes": nodes })
-                }
-                other => {
-                    serde_json::json!({ "ok": false, "error": format!("unknown request {other:?}") })
-                }
-            };
-            if write
-                .write_all(format!("{reply}\n").as_bytes())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+    pub(crate) fn node_infos(&self) -> Vec<NodeInfo> {
+        self.nodes().iter().map(|n| NodeInfo::of(n)).collect()
     }
 
     pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {

@@ -23,6 +23,7 @@
 pub mod api;
 mod auth;
 pub mod cluster;
+pub mod control;
 mod dial;
 mod diff;
 pub mod etcd_client;
@@ -108,6 +109,14 @@ pub enum SimError {
     /// The request cannot be carried out in the cluster's state.
     #[error("{0}")]
     Refused(String),
+    /// The control socket of a running simulator could not be used.
+    #[error("{}: {reason}", .socket.display())]
+    Control {
+        /// The socket.
+        socket: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl SimError {

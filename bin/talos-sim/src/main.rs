@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use talos_client::config::{Context, TalosConfig};
+use talos_sim::control::{self, Reply, Request};
 use talos_sim::pki::{Ca, LeafSpec};
 use talos_sim::{Cluster, DEFAULT_BASE_IP, SimConfig};
 use time::OffsetDateTime;
@@ -91,21 +92,15 @@ async fn main() -> std::process::ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Up(args) => up(args).await,
-        Command::AddNode { dir } => control(&dir, "add-node").await.map(|reply| {
-            let node = &reply["node"];
-            println!(
-                "added {} at {} (etcd learner, promoted once caught up)",
-                node["name"].as_str().unwrap_or_default(),
-                node["api"].as_str().unwrap_or_default()
-            );
-        }),
+        Command::AddNode { dir } => add_node(&dir).await,
         Command::Fill {
             dir,
             count,
             value_size,
-        } => control(&dir, &format!("fill {count} {value_size}"))
+        } => control::send(&dir, &Request::Fill { count, value_size })
             .await
-            .map(|_| println!("wrote {count} keys of {value_size} bytes")),
+            .map(|_| println!("wrote {count} keys of {value_size} bytes"))
+            .map_err(Into::into),
         Command::GenCerts { dir } => gen_certs(&dir),
     };
     match result {
@@ -200,31 +195,18 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends one request to the cluster running in `dir` and returns its reply.
-async fn control(dir: &Path, request: &str) -> anyhow::Result<serde_json::Value> {
-    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
-    let socket = dir.join("control.sock");
-    let stream = tokio::net::UnixStream::connect(&socket)
-        .await
-        .with_context(|| {
-            format!(
-                "no talos-sim running in {} ({})",
-                dir.display(),
-                socket.display()
-            )
-        })?;
-    let (read, mut write) = stream.into_split();
-    write.write_all(format!("{request}\n").as_bytes()).await?;
-    let mut lines = tokio::io::BufReader::new(read).lines();
-    let reply = tokio::time::timeout(Duration::from_secs(3600), lines.next_line())
-        .await
-        .context("timed out waiting for talos-sim")??
-        .context("talos-sim closed the connection")?;
-    let reply: serde_json::Value = serde_json::from_str(&reply)?;
-    if reply["ok"] != true {
-        bail!("{}", reply["error"].as_str().unwrap_or("request failed"));
+/// `add-node DIR`: one more control-plane node in the running cluster.
+async fn add_node(dir: &Path) -> anyhow::Result<()> {
+    match control::send(dir, &Request::AddNode).await? {
+        Reply::Added { node } => {
+            println!(
+                "added {} at {} (etcd learner, promoted once caught up)",
+                node.name, node.api
+            );
+            Ok(())
+        }
+        other => bail!("unexpected reply to add-node: {other:?}"),
     }
-    Ok(reply)
 }
 
 /// Writes the example PKI: CA, a server certificate for 127.0.0.1 and the
@@ -245,7 +227,9 @@ fn gen_certs(dir: &Path) -> anyhow::Result<()> {
     let server = ca.issue(&LeafSpec::server(&ips, &name_refs).valid(now, ten_years))?;
     let write = |name: &str, text: &str| -> anyhow::Result<()> {
         let path = dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+        // Keys and talosconfigs among them: 0600, written whole.
+        talos_client::files::write_atomic(&path, text.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))
     };
     write("ca.crt", &ca.cert_pem)?;
     write("ca.key", ca.key_pem())?;

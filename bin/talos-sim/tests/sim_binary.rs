@@ -3,6 +3,7 @@
 //! running cluster.
 
 use std::io::{BufRead as _, BufReader};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -128,6 +129,37 @@ async fn up_stops_cleanly_restarts_and_adds_nodes() {
     assert!(String::from_utf8_lossy(&added.stdout).starts_with("added cp-4 at "));
     assert_eq!(processes_using(dir.path()).len(), 4);
 
+    // The control socket speaks typed requests, for the binary and for
+    // programs alike; garbage gets a typed error, not silence.
+    let reply = talos_sim::control::send(dir.path(), &talos_sim::control::Request::Nodes)
+        .await
+        .unwrap();
+    match reply {
+        talos_sim::control::Reply::Nodes { nodes } => {
+            let names: Vec<_> = nodes.iter().map(|n| n.name.as_str()).collect();
+            assert_eq!(names, ["cp-1", "cp-2", "cp-3", "cp-4"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let garbage = async {
+        use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+        let mut stream = tokio::net::UnixStream::connect(dir.path().join("control.sock"))
+            .await
+            .unwrap();
+        stream.write_all(b"add-node please\n").await.unwrap();
+        let mut line = String::new();
+        tokio::io::BufReader::new(stream)
+            .read_line(&mut line)
+            .await
+            .unwrap();
+        line
+    }
+    .await;
+    assert!(
+        garbage.contains("\"reply\":\"error\"") && garbage.contains("not a request"),
+        "{garbage}"
+    );
+
     up.stop();
     assert_eq!(
         processes_using(dir.path()),
@@ -164,4 +196,24 @@ fn a_second_up_on_a_running_directory_is_refused() {
     assert_eq!(second.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&second.stderr).contains("already running"));
     up.stop();
+}
+
+#[test]
+fn gen_certs_writes_every_file_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pki");
+    let status = Command::new(env!("CARGO_BIN_EXE_talos-sim"))
+        .arg("gen-certs")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut keys = 0;
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let path = entry.unwrap().path();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", path.display());
+        keys += usize::from(path.extension().is_some_and(|e| e == "key"));
+    }
+    assert_eq!(keys, 5, "ca, server, admin, reader and etcd-backup keys");
 }

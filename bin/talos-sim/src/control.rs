@@ -1,0 +1,138 @@
+//! The control socket of a running simulator (`DIR/control.sock`, mode
+//! 0600): one JSON [`Request`] per line in, one JSON [`Reply`] per line out.
+//! The binary's `add-node` and `fill` commands, and tests, use [`send`].
+
+use std::path::Path;
+use std::sync::Weak;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::SimError;
+use crate::cluster::{NodeInfo, Shared};
+
+/// What a client asks of a running simulator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "kebab-case")]
+pub enum Request {
+    /// Add a control-plane node (an etcd learner, promoted once caught up).
+    AddNode,
+    /// List the nodes.
+    Nodes,
+    /// Write `count` keys of `value_size` bytes under `/talos-sim/fill/`.
+    Fill {
+        /// How many keys.
+        count: usize,
+        /// Bytes per value.
+        value_size: usize,
+    },
+}
+
+/// The simulator's answer to one [`Request`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "kebab-case")]
+pub enum Reply {
+    /// The node that was added.
+    Added {
+        /// The new node.
+        node: NodeInfo,
+    },
+    /// Every node.
+    Nodes {
+        /// The nodes, in order.
+        nodes: Vec<NodeInfo>,
+    },
+    /// The keys were written.
+    Filled,
+    /// The request failed or was not understood.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+/// Answers requests on `listener` until the cluster behind `shared` is gone.
+pub(crate) fn serve(listener: UnixListener, shared: Weak<Shared>) {
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            tokio::spawn(answer(stream, shared));
+        }
+    });
+}
+
+async fn answer(stream: UnixStream, shared: std::sync::Arc<Shared>) {
+    let (read, mut write) = stream.into_split();
+    let mut lines = tokio::io::BufReader::new(read).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let reply = match serde_json::from_str::<Request>(&line) {
+            Ok(request) => carry_out(&shared, request).await,
+            Err(e) => Reply::Error {
+                message: format!("not a request ({e}): {line}"),
+            },
+        };
+        let mut text = serde_json::to_string(&reply).expect("replies serialize");
+        text.push('\n');
+        if write.write_all(text.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn carry_out(shared: &std::sync::Arc<Shared>, request: Request) -> Reply {
+    let failed = |e: SimError| Reply::Error {
+        message: e.to_string(),
+    };
+    match request {
+        Request::AddNode => match shared.add_node().await {
+            Ok(node) => Reply::Added { node },
+            Err(e) => failed(e),
+        },
+        Request::Nodes => Reply::Nodes {
+            nodes: shared.node_infos(),
+        },
+        Request::Fill { count, value_size } => {
+            match shared.fill("/talos-sim/fill/", count, value_size).await {
+                Ok(()) => Reply::Filled,
+                Err(e) => failed(e),
+            }
+        }
+    }
+}
+
+/// Sends `request` to the simulator running in `dir` and returns its reply;
+/// a [`Reply::Error`] becomes [`SimError::Refused`].
+pub async fn send(dir: &Path, request: &Request) -> Result<Reply, SimError> {
+    let socket = dir.join("control.sock");
+    let not_running = |e: std::io::Error| SimError::Control {
+        socket: socket.clone(),
+        reason: format!("no talos-sim running in {} ({e})", dir.display()),
+    };
+    let stream = UnixStream::connect(&socket).await.map_err(not_running)?;
+    let (read, mut write) = stream.into_split();
+    let mut line = serde_json::to_string(request).expect("requests serialize");
+    line.push('\n');
+    write
+        .write_all(line.as_bytes())
+        .await
+        .map_err(not_running)?;
+    let mut lines = tokio::io::BufReader::new(read).lines();
+    let broken = |reason: String| SimError::Control {
+        socket: socket.clone(),
+        reason,
+    };
+    // Filling a large database can take long; a reply always comes.
+    let reply = tokio::time::timeout(Duration::from_secs(3600), lines.next_line())
+        .await
+        .map_err(|_| broken("no reply within an hour".into()))?
+        .map_err(|e| broken(e.to_string()))?
+        .ok_or_else(|| broken("the simulator closed the connection".into()))?;
+    match serde_json::from_str(&reply).map_err(|e| broken(format!("bad reply ({e}): {reply}")))? {
+        Reply::Error { message } => Err(SimError::Refused(message)),
+        other => Ok(other),
+    }
+}

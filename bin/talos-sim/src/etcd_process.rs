@@ -24,17 +24,27 @@ pub fn etcdctl_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("etcdctl"))
 }
 
-/// Restores `snapshot` into the node's (empty) etcd data directory as a new
+/// Where and as whom a snapshot is restored.
+pub(crate) struct RestoreTarget<'a> {
+    /// The member's data directory (replaced).
+    pub data_dir: &'a Path,
+    /// The member's name.
+    pub name: &'a str,
+    /// The member's peer URL.
+    pub peer_url: &'a str,
+}
+
+/// Restores `snapshot` into the member's (emptied) data directory as a new
 /// single-member cluster, with `etcdctl snapshot restore`.
 pub(crate) async fn restore_snapshot(
     snapshot: &Path,
-    node: &super::node::Node,
+    target: RestoreTarget<'_>,
     initial_cluster: &str,
     skip_hash_check: bool,
 ) -> Result<(), String> {
-    let data = node.etcd_data_dir();
+    let data = target.data_dir;
     if data.exists() {
-        std::fs::remove_dir_all(&data).map_err(|e| e.to_string())?;
+        std::fs::remove_dir_all(data).map_err(|e| e.to_string())?;
     }
     let mut command = Command::new(etcdctl_binary());
     command
@@ -43,15 +53,15 @@ pub(crate) async fn restore_snapshot(
         .arg("restore")
         .arg(snapshot)
         .arg("--data-dir")
-        .arg(&data)
+        .arg(data)
         .arg("--name")
-        .arg(&node.name)
+        .arg(target.name)
         .arg("--initial-cluster")
         .arg(initial_cluster)
         .arg("--initial-cluster-token")
         .arg("talos-sim")
         .arg("--initial-advertise-peer-urls")
-        .arg(node.etcd_peer_url());
+        .arg(target.peer_url);
     if skip_hash_check {
         command.arg("--skip-hash-check");
     }

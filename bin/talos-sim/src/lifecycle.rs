@@ -203,9 +203,15 @@ impl Shared {
                     "no etcd snapshot was uploaded for recovery",
                 ));
             }
+            let (data_dir, peer_url) = (node.etcd_data_dir(), node.etcd_peer_url());
+            let target = super::etcd_process::RestoreTarget {
+                data_dir: &data_dir,
+                name: &node.name,
+                peer_url: &peer_url,
+            };
             super::etcd_process::restore_snapshot(
                 &snapshot,
-                node,
+                target,
                 &initial_cluster,
                 skip_hash_check,
             )

@@ -32,7 +32,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 mod check;
 mod error;
@@ -153,7 +153,6 @@ pub enum Entry<'a> {
 #[derive(Debug)]
 pub struct Db {
     file: File,
-    path: PathBuf,
     len: u64,
     meta: Meta,
 }
@@ -163,35 +162,27 @@ impl Db {
     /// database (for an etcd snapshot: the file size less the 32-byte
     /// trailer), and reads the current meta page.
     pub fn open(path: &Path, len: u64) -> Result<Db, BboltError> {
-        let file = File::open(path).map_err(|source| BboltError::Io {
+        let file = File::open(path).map_err(|source| BboltError::Open {
             path: path.to_owned(),
-            offset: 0,
             source,
         })?;
-        Db::from_file(file, path, len)
+        Db::from_file(file, len)
     }
 
-    /// Like [`Db::open`], with a file already open for reading; `path` is
-    /// only used in error messages.
-    pub fn from_file(file: File, path: &Path, len: u64) -> Result<Db, BboltError> {
+    /// Like [`Db::open`], with a file already open for reading.
+    pub fn from_file(file: File, len: u64) -> Result<Db, BboltError> {
         let actual = file
             .metadata()
-            .map_err(|source| BboltError::Io {
-                path: path.to_owned(),
-                offset: 0,
-                source,
-            })?
+            .map_err(|source| BboltError::Io { offset: 0, source })?
             .len();
         if actual < len {
             return Err(BboltError::FileTooShort {
-                path: path.to_owned(),
                 actual,
                 expected: len,
             });
         }
         let mut db = Db {
             file,
-            path: path.to_owned(),
             len,
             meta: Meta {
                 page: 0,
@@ -373,11 +364,7 @@ impl Db {
     pub(crate) fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BboltError> {
         self.file
             .read_exact_at(buf, offset)
-            .map_err(|source| BboltError::Io {
-                path: self.path.clone(),
-                offset,
-                source,
-            })
+            .map_err(|source| BboltError::Io { offset, source })
     }
 
     fn load_meta(&self) -> Result<Meta, BboltError> {

@@ -181,7 +181,7 @@ pub fn verify_file(path: &Path) -> Result<SnapshotReport, SnapshotError> {
     compare_trailer(&digest, &trailer).map_err(rejected)?;
 
     let status =
-        check_database(file, path, contents).map_err(|failure| match split_io(failure) {
+        check_database(file, contents).map_err(|failure| match split_io(failure, path) {
             Ok(failure) => rejected(failure),
             Err(io) => io,
         })?;
@@ -189,11 +189,14 @@ pub fn verify_file(path: &Path) -> Result<SnapshotReport, SnapshotError> {
 }
 
 /// Separates read errors, which say nothing about the snapshot, from failed
-/// checks.
-pub(crate) fn split_io(failure: CheckFailure) -> Result<CheckFailure, SnapshotError> {
+/// checks. `path` is the file that was being read.
+pub(crate) fn split_io(failure: CheckFailure, path: &Path) -> Result<CheckFailure, SnapshotError> {
     match failure {
-        CheckFailure::Bbolt(BboltError::Io { path, source, .. }) => {
-            Err(SnapshotError::Io { path, source })
+        CheckFailure::Bbolt(BboltError::Io { source, .. } | BboltError::Open { source, .. }) => {
+            Err(SnapshotError::Io {
+                path: path.to_owned(),
+                source,
+            })
         }
         other => Ok(other),
     }
@@ -218,8 +221,8 @@ pub(crate) fn compare_trailer(digest: &[u8; 32], trailer: &[u8; 32]) -> Result<(
 
 /// Opens the first `len` bytes of `file` as a bbolt database, checks it and
 /// computes the status.
-pub(crate) fn check_database(file: File, path: &Path, len: u64) -> Result<Status, CheckFailure> {
-    let db = Db::from_file(file, path, len).map_err(CheckFailure::Bbolt)?;
+pub(crate) fn check_database(file: File, len: u64) -> Result<Status, CheckFailure> {
+    let db = Db::from_file(file, len).map_err(CheckFailure::Bbolt)?;
     db.check().map_err(CheckFailure::Bbolt)?;
     Ok(status::status(&db)?)
 }

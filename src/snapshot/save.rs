@@ -227,7 +227,7 @@ where
         move || Ok(verify_part(sink, &part))
     })
     .await?;
-    let (digest, status) = match checked.map_err(split_io) {
+    let (digest, status) = match checked.map_err(|failure| split_io(failure, &part)) {
         Ok(ok) => ok,
         Err(Err(io)) => {
             remove(&mut guard).await;
@@ -324,13 +324,12 @@ fn verify_part(sink: Sink, part: &Path) -> Result<([u8; 32], super::Status), Che
     compare_trailer(&digest, &sink.lag)?;
     // The writer's handle is write-only; open it again for reading.
     let file = File::open(part).map_err(|source| {
-        CheckFailure::Bbolt(super::BboltError::Io {
+        CheckFailure::Bbolt(super::BboltError::Open {
             path: part.to_owned(),
-            offset: 0,
             source,
         })
     })?;
-    let status = check_database(file, part, size - TRAILER_SIZE)?;
+    let status = check_database(file, size - TRAILER_SIZE)?;
     Ok((digest, status))
 }
 

@@ -9,11 +9,18 @@ use super::{MAX_PAGE_SIZE, MIN_PAGE_SIZE};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BboltError {
-    /// Reading the file failed.
-    #[error("{}: read at offset {offset}: {source}", .path.display())]
-    Io {
+    /// The file could not be opened.
+    #[error("{}: {source}", .path.display())]
+    Open {
         /// The file.
         path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading the file failed (the caller knows which file).
+    #[error("read at offset {offset}: {source}")]
+    Io {
         /// Where the read started.
         offset: u64,
         /// The I/O error.
@@ -21,10 +28,8 @@ pub enum BboltError {
         source: io::Error,
     },
     /// The file is shorter than the database length it was opened with.
-    #[error("{}: file has {actual} bytes, fewer than the {expected} expected", .path.display())]
+    #[error("file has {actual} bytes, fewer than the {expected} expected")]
     FileTooShort {
-        /// The file.
-        path: PathBuf,
         /// Its size.
         actual: u64,
         /// The database length it was opened with.

@@ -98,12 +98,13 @@ impl Cluster {
     /// `dir/talosconfig` (admin), `dir/talosconfig-reader` and
     /// `dir/talosconfig-backup`. Any node data from an earlier run in `dir` is
     /// discarded: every `up` starts a fresh etcd cluster.
-    pub async fn up(cfg: SimConfig) -> Result<Cluster, SimError> {
+    pub async fn up(mut cfg: SimConfig) -> Result<Cluster, SimError> {
         if cfg.nodes == 0 {
             return Err(SimError::Refused(
                 "a cluster needs at least one node".into(),
             ));
         }
+        cfg.pick_free_ports()?;
         std::fs::create_dir_all(&cfg.dir).map_err(|e| SimError::io(&cfg.dir, e))?;
         let nodes_dir = cfg.dir.join("nodes");
         if nodes_dir.exists() {

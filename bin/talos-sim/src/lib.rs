@@ -137,11 +137,12 @@ pub struct SimConfig {
     pub dir: PathBuf,
     /// Node `i` (from 1) listens on `base_ip + i`.
     pub base_ip: Ipv4Addr,
-    /// apid port, shared by all nodes like real Talos (50000).
+    /// apid port, shared by all nodes like real Talos (50000); 0 picks a
+    /// port free on every node's address when the cluster starts.
     pub api_port: u16,
-    /// etcd client port on every node (2379).
+    /// etcd client port on every node (2379); 0 picks a free one.
     pub etcd_client_port: u16,
-    /// etcd peer port on every node (2380).
+    /// etcd peer port on every node (2380); 0 picks a free one.
     pub etcd_peer_port: u16,
     /// How long a simulated reboot keeps the node down.
     pub boot_delay: Duration,
@@ -172,27 +173,56 @@ impl SimConfig {
     }
 
     /// A layout that cannot collide with another simulator or service: a
-    /// random 127.a.b.0/24 and ports found free on every address it will use.
+    /// random 127.a.b.0/24, and ports that [`Cluster::up`] finds free on
+    /// every address it will use.
     pub fn isolated(dir: impl Into<PathBuf>, nodes: usize) -> SimConfig {
-        loop {
-            let seed = random_u64();
-            let base_ip = Ipv4Addr::new(127, 1 + (seed % 250) as u8, (seed >> 8) as u8, 10);
-            // Room for nodes added later.
-            let addresses: Vec<Ipv4Addr> = (1..=nodes as u32 + 4)
-                .map(|i| Ipv4Addr::from(u32::from(base_ip) + i))
-                .collect();
-            let ports: Option<Vec<u16>> = (0..3).map(|_| free_port_on(&addresses)).collect();
-            if let Some(ports) = ports.filter(|p| p[0] != p[1] && p[1] != p[2] && p[0] != p[2]) {
-                return SimConfig {
-                    base_ip,
-                    api_port: ports[0],
-                    etcd_client_port: ports[1],
-                    etcd_peer_port: ports[2],
-                    boot_delay: Duration::from_millis(500),
-                    ..SimConfig::new(dir, nodes)
-                };
+        let seed = random_u64();
+        SimConfig {
+            base_ip: Ipv4Addr::new(127, 1 + (seed % 250) as u8, (seed >> 8) as u8, 10),
+            api_port: 0,
+            etcd_client_port: 0,
+            etcd_peer_port: 0,
+            boot_delay: Duration::from_millis(500),
+            ..SimConfig::new(dir, nodes)
+        }
+    }
+
+    /// Replaces ports given as 0 with distinct ports free on the address of
+    /// every node, and of four more for nodes added later; gives up after a
+    /// bounded number of tries.
+    pub(crate) fn pick_free_ports(&mut self) -> Result<(), SimError> {
+        if self.api_port != 0 && self.etcd_client_port != 0 && self.etcd_peer_port != 0 {
+            return Ok(());
+        }
+        let addresses: Vec<Ipv4Addr> = (1..=self.nodes + 4).map(|i| self.node_ip(i)).collect();
+        for _ in 0..32 {
+            let Some(ports) = (0..3)
+                .map(|_| free_port_on(&addresses))
+                .collect::<Option<Vec<u16>>>()
+            else {
+                continue;
+            };
+            if ports[0] != ports[1] && ports[1] != ports[2] && ports[0] != ports[2] {
+                for (field, port) in [
+                    &mut self.api_port,
+                    &mut self.etcd_client_port,
+                    &mut self.etcd_peer_port,
+                ]
+                .into_iter()
+                .zip(ports)
+                {
+                    if *field == 0 {
+                        *field = port;
+                    }
+                }
+                return Ok(());
             }
         }
+        Err(SimError::Refused(format!(
+            "found no ports free on every address from {} to {}",
+            addresses[0],
+            addresses[addresses.len() - 1]
+        )))
     }
 
     /// The address of node `index` (from 1).

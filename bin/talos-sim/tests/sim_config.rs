@@ -200,3 +200,21 @@ async fn a_cluster_of_no_nodes_is_refused() {
         Ok(_) => panic!("a cluster of no nodes started"),
     }
 }
+
+#[tokio::test]
+async fn no_free_ports_is_an_error_not_a_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    // Addresses this machine does not have: nothing can bind there (only
+    // binding is tried; nothing is sent).
+    let cfg = talos_sim::SimConfig {
+        base_ip: std::net::Ipv4Addr::new(192, 0, 2, 10),
+        ..talos_sim::SimConfig::isolated(dir.path(), 1)
+    };
+    match talos_sim::Cluster::up(cfg).await {
+        Err(talos_sim::SimError::Refused(reason)) => {
+            assert!(reason.contains("no ports free"), "{reason}")
+        }
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("a cluster started on addresses this machine lacks"),
+    }
+}

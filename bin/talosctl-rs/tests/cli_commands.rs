@@ -168,6 +168,71 @@ async fn contexts_switching_and_merge() {
 }
 
 #[tokio::test]
+async fn config_endpoint_and_node_rewrite_the_current_context_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let tc = dir.path().join("config");
+    // Two contexts, unknown keys at both levels, as another tool may write.
+    std::fs::write(
+        &tc,
+        "context: a\nfuture: keep-me\ncontexts:\n  a:\n    endpoints: [10.0.0.1]\n    nodes: [10.0.0.1]\n    ca: Y2E=\n    crt: Y3J0\n    key: a2V5\n    extra: {x: 1}\n  b:\n    endpoints: [10.9.9.9]\n",
+    )
+    .unwrap();
+    let read = || {
+        serde_norway::from_str::<serde_json::Value>(&std::fs::read_to_string(&tc).unwrap()).unwrap()
+    };
+
+    run(&tc, &["config", "endpoint", "10.0.0.2", "10.0.0.3:50001"])
+        .await
+        .ok();
+    run(&tc, &["config", "node", "10.0.0.2", "10.0.0.3"])
+        .await
+        .ok();
+    run(&tc, &["config", "add-endpoint", "10.0.0.4", "10.0.0.2"])
+        .await
+        .ok();
+    run(&tc, &["config", "remove-endpoint", "10.0.0.3:50001"])
+        .await
+        .ok();
+    let config = read();
+    let a = &config["contexts"]["a"];
+    assert_eq!(a["endpoints"], serde_json::json!(["10.0.0.2", "10.0.0.4"]));
+    assert_eq!(a["nodes"], serde_json::json!(["10.0.0.2", "10.0.0.3"]));
+    assert_eq!(a["extra"]["x"], 1, "unknown keys kept: {config}");
+    assert_eq!(a["key"], "a2V5");
+    assert_eq!(config["future"], "keep-me");
+    assert_eq!(
+        config["contexts"]["b"]["endpoints"],
+        serde_json::json!(["10.9.9.9"]),
+        "other contexts untouched"
+    );
+    let mode = std::fs::metadata(&tc).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    // Bad input is refused and changes nothing.
+    let before = std::fs::read(&tc).unwrap();
+    let bad = run(&tc, &["config", "endpoint", "https://10.0.0.2:notaport"]).await;
+    assert_eq!(bad.code, 1, "{}", bad.stderr);
+    assert!(bad.stderr.contains("notaport"), "{}", bad.stderr);
+    let missing = run(&tc, &["config", "remove-endpoint", "10.7.7.7"]).await;
+    assert_eq!(missing.code, 1);
+    assert!(missing.stderr.contains("10.7.7.7"), "{}", missing.stderr);
+    let unknown = run(&tc, &["--context", "zzz", "config", "node", "10.0.0.5"]).await;
+    assert_eq!(unknown.code, 1);
+    assert!(unknown.stderr.contains("zzz"), "{}", unknown.stderr);
+    assert_eq!(std::fs::read(&tc).unwrap(), before);
+
+    // --context picks another context to edit.
+    run(&tc, &["--context", "b", "config", "node", "10.9.9.8"])
+        .await
+        .ok();
+    assert_eq!(
+        read()["contexts"]["b"]["nodes"],
+        serde_json::json!(["10.9.9.8"])
+    );
+}
+
+#[tokio::test]
 async fn apply_config_dry_run_try_and_bad_input() {
     let sim = SimCluster::start(1).await;
     let tc = sim.dir.path().join("talosconfig");

@@ -1,9 +1,12 @@
-//! `talosctl-rs config ...`: info, contexts, context, merge.
+//! `talosctl-rs config ...`: info, contexts, context, merge, and setting
+//! the current context's endpoints and nodes.
 
 use anyhow::Context as _;
 use clap::Subcommand;
 use serde::Serialize;
-use talos_client::config::{ConfigError, ConfigPath, TalosConfig, default_paths};
+use talos_client::config::{
+    ConfigError, ConfigPath, Context, TalosConfig, default_paths, normalize_endpoint,
+};
 use time::OffsetDateTime;
 
 use super::table::Table;
@@ -28,6 +31,30 @@ pub enum ConfigCommand {
         /// The talosconfig to merge in.
         from: std::path::PathBuf,
     },
+    /// Set the endpoint(s) of the current context.
+    #[command(alias = "endpoints")]
+    Endpoint {
+        /// Endpoints (host, IP or host:port).
+        endpoints: Vec<String>,
+    },
+    /// Set the node(s) of the current context.
+    #[command(alias = "nodes")]
+    Node {
+        /// Nodes (hostnames or IPs).
+        nodes: Vec<String>,
+    },
+    /// Add endpoint(s) to the current context (kept once each, in order).
+    AddEndpoint {
+        /// Endpoints to add.
+        #[arg(required = true)]
+        endpoints: Vec<String>,
+    },
+    /// Remove endpoint(s) from the current context.
+    RemoveEndpoint {
+        /// Endpoints to remove; each must be present.
+        #[arg(required = true)]
+        endpoints: Vec<String>,
+    },
 }
 
 pub fn run(global: &Global, command: ConfigCommand) -> anyhow::Result<()> {
@@ -36,7 +63,81 @@ pub fn run(global: &Global, command: ConfigCommand) -> anyhow::Result<()> {
         ConfigCommand::Contexts => contexts(global),
         ConfigCommand::Context { name } => use_context(global, &name),
         ConfigCommand::Merge { from } => merge(global, &from),
+        ConfigCommand::Endpoint { endpoints } => {
+            edit_current(global, "endpoints", |c| set_endpoints(c, endpoints))
+        }
+        ConfigCommand::Node { nodes } => edit_current(global, "nodes", |c| {
+            c.nodes = nodes;
+            Ok(())
+        }),
+        ConfigCommand::AddEndpoint { endpoints } => edit_current(global, "endpoints", |c| {
+            let mut all = c.endpoints.clone();
+            for e in endpoints {
+                if !all.contains(&e) {
+                    all.push(e);
+                }
+            }
+            set_endpoints(c, all)
+        }),
+        ConfigCommand::RemoveEndpoint { endpoints } => edit_current(global, "endpoints", |c| {
+            if let Some(missing) = endpoints.iter().find(|e| !c.endpoints.contains(e)) {
+                anyhow::bail!(
+                    "endpoint {missing:?} is not in the context (it has: {})",
+                    c.endpoints.join(", ")
+                );
+            }
+            c.endpoints.retain(|e| !endpoints.contains(e));
+            Ok(())
+        }),
     }
+}
+
+/// Checks every endpoint as the client would read it, then sets them.
+fn set_endpoints(context: &mut Context, endpoints: Vec<String>) -> anyhow::Result<()> {
+    for endpoint in &endpoints {
+        normalize_endpoint(endpoint).with_context(|| format!("endpoint {endpoint:?}"))?;
+    }
+    context.endpoints = endpoints;
+    Ok(())
+}
+
+/// Changes the current context with `edit` and writes the file back
+/// atomically (mode 0600), every other field and unknown key kept. Nothing
+/// is written when `edit` fails.
+fn edit_current(
+    global: &Global,
+    what: &str,
+    edit: impl FnOnce(&mut Context) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let (mut config, location) = global.load_config()?;
+    let name = match &global.context {
+        Some(name) => name.clone(),
+        None if config.context.is_empty() => {
+            anyhow::bail!("{}: no current context is set", location.path.display())
+        }
+        None => config.context.clone(),
+    };
+    let available: Vec<String> = config.contexts.keys().cloned().collect();
+    let context = config
+        .contexts
+        .get_mut(&name)
+        .ok_or_else(|| ConfigError::UnknownContext {
+            path: location.path.clone(),
+            name: name.clone(),
+            available,
+        })?;
+    edit(context)?;
+    let now = if what == "nodes" {
+        context.nodes.join(", ")
+    } else {
+        context.endpoints.join(", ")
+    };
+    config.save(&location)?;
+    eprintln!(
+        "context {name:?} {what}: {now} ({})",
+        location.path.display()
+    );
+    Ok(())
 }
 
 /// What `config info` reports; the first six keys are talosctl's.

@@ -4,6 +4,7 @@
 pub mod apply;
 pub mod config;
 pub mod etcd;
+pub mod health;
 pub mod misc;
 pub mod reset;
 pub mod snapshot;
@@ -80,6 +81,8 @@ pub enum Command {
     ApplyConfig(apply::ApplyArgs),
     /// Reset a node.
     Reset(reset::ResetArgs),
+    /// Check the cluster's health (server-side checks, streamed).
+    Health(health::HealthArgs),
     /// Work with etcd snapshot files.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
@@ -98,6 +101,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Etcd(command) => etcd::run(&global, command).await,
         Command::ApplyConfig(args) => apply::run(&global, args).await,
         Command::Reset(args) => reset::run(&global, args).await,
+        Command::Health(args) => health::run(&global, args).await,
         Command::Snapshot(command) => snapshot::run(&global, command),
         Command::Completion(args) => misc::completion(args),
         Command::Man => misc::man(),

@@ -24,6 +24,7 @@
 mod changes;
 mod error;
 mod etcd;
+mod kubeconfig;
 mod reply;
 mod system;
 pub(crate) mod transport;

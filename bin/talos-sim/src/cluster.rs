@@ -313,6 +313,11 @@ impl Shared {
         Ok(NodeInfo::of(&node))
     }
 
+    /// The cluster's CA (the simulator's only one).
+    pub(crate) fn ca(&self) -> &Ca {
+        &self.ca
+    }
+
     pub(crate) fn node_infos(&self) -> Vec<NodeInfo> {
         self.nodes().iter().map(|n| NodeInfo::of(n)).collect()
     }

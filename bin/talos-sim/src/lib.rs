@@ -30,6 +30,7 @@ pub mod etcd_client;
 pub mod etcd_process;
 mod front;
 mod health;
+mod kubeconfig;
 mod lifecycle;
 mod machined;
 mod machined_etcd;

@@ -476,6 +476,21 @@ impl MachineService for Machined {
         })
     }
 
+    async fn kubeconfig(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<BoxStream<common::Data>>, Status> {
+        authorize(&request, "Kubeconfig")?;
+        self.node.check_controlplane("kubeconfig")?;
+        let config = self.node.config.lock().expect("config lock").active.clone();
+        let archive = crate::kubeconfig::archive(&config, self.shared.ca())?;
+        let data = common::Data {
+            metadata: None,
+            bytes: archive.into(),
+        };
+        Ok(Response::new(Box::pin(futures::stream::iter([Ok(data)]))))
+    }
+
     async fn etcd_snapshot(
         &self,
         request: Request<machine::EtcdSnapshotRequest>,

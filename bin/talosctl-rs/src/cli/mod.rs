@@ -5,6 +5,7 @@ pub mod apply;
 pub mod config;
 pub mod etcd;
 pub mod health;
+pub mod kubeconfig;
 pub mod misc;
 pub mod reset;
 pub mod snapshot;
@@ -83,6 +84,8 @@ pub enum Command {
     Reset(reset::ResetArgs),
     /// Check the cluster's health (server-side checks, streamed).
     Health(health::HealthArgs),
+    /// Download the admin kubeconfig from a control-plane node.
+    Kubeconfig(kubeconfig::KubeconfigArgs),
     /// Work with etcd snapshot files.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
@@ -102,6 +105,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ApplyConfig(args) => apply::run(&global, args).await,
         Command::Reset(args) => reset::run(&global, args).await,
         Command::Health(args) => health::run(&global, args).await,
+        Command::Kubeconfig(args) => kubeconfig::run(&global, args).await,
         Command::Snapshot(command) => snapshot::run(&global, command),
         Command::Completion(args) => misc::completion(args),
         Command::Man => misc::man(),

@@ -1,0 +1,76 @@
+//! The admin kubeconfig of a simulated control-plane node, generated from
+//! its running machine configuration and packaged as machined sends it
+//! (internal/app/machined/internal/server/v1alpha1, Kubeconfig): a gzipped
+//! tar archive holding one file `kubeconfig` (mode 0600), in one
+//! `common.Data` message. The simulator has one CA, so the Kubernetes admin
+//! certificate (`O=system:masters`, `CN=admin`) is issued by it.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use tonic::Status;
+
+use crate::pki::{Ca, LeafSpec};
+
+/// The archive for a node whose running configuration is `config`.
+pub(crate) fn archive(config: &str, ca: &Ca) -> Result<Vec<u8>, Status> {
+    let yaml = admin_kubeconfig(config, ca)?;
+    package(yaml.as_bytes()).map_err(|e| Status::internal(format!("kubeconfig archive: {e}")))
+}
+
+/// The kubeconfig upstream's `kubeconfig.GenerateAdmin` writes: one cluster,
+/// one user `admin@NAME`, one context `admin@NAME` (namespace default),
+/// current.
+fn admin_kubeconfig(config: &str, ca: &Ca) -> Result<String, Status> {
+    let doc: serde_norway::Value = serde_norway::from_str(config)
+        .map_err(|e| Status::internal(format!("machine config: {e}")))?;
+    let field = |path: &[&str]| -> Result<String, Status> {
+        let mut value = &doc;
+        for key in path {
+            value = &value[*key];
+        }
+        value
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| Status::internal(format!("machine config has no {}", path.join("."))))
+    };
+    let cluster = field(&["cluster", "clusterName"])?;
+    let endpoint = field(&["cluster", "controlPlane", "endpoint"])?;
+    let mut spec = LeafSpec::client(&["system:masters"]);
+    spec.common_name = Some("admin".into());
+    let admin = ca
+        .issue(&spec)
+        .map_err(|e| Status::internal(format!("admin certificate: {e}")))?;
+    let user = format!("admin@{cluster}");
+    Ok(format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: {cluster}\n  cluster:\n    server: {endpoint}\n    certificate-authority-data: {ca}\n\
+         users:\n\
+         - name: {user}\n  user:\n    client-certificate-data: {crt}\n    client-key-data: {key}\n\
+         contexts:\n\
+         - context:\n    cluster: {cluster}\n    namespace: default\n    user: {user}\n  name: {user}\n\
+         current-context: {user}\n",
+        ca = BASE64.encode(&ca.cert_pem),
+        crt = BASE64.encode(&admin.cert_pem),
+        key = BASE64.encode(&admin.key_pem),
+    ))
+}
+
+fn package(body: &[u8]) -> std::io::Result<Vec<u8>> {
+    let gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let mut tar = tar::Builder::new(gzip);
+    let mut header = tar::Header::new_ustar();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_size(body.len() as u64);
+    header.set_mode(0o600);
+    header.set_mtime(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default(),
+    );
+    header.set_cksum();
+    tar.append_data(&mut header, "kubeconfig", body)?;
+    tar.into_inner()?.finish()
+}

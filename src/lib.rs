@@ -39,6 +39,8 @@ pub mod api;
 pub mod client;
 pub mod config;
 pub mod files;
+#[cfg(feature = "ops")]
+pub mod ops;
 pub mod snapshot;
 pub mod tls;
 

@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod health;
 pub mod kubeconfig;
 pub mod misc;
+pub mod ops;
 pub mod reset;
 pub mod snapshot;
 pub mod table;
@@ -86,6 +87,8 @@ pub enum Command {
     Health(health::HealthArgs),
     /// Download the admin kubeconfig from a control-plane node.
     Kubeconfig(kubeconfig::KubeconfigArgs),
+    /// Safe composite operations (snapshot, retire, join), journaled.
+    Ops(ops::OpsArgs),
     /// Work with etcd snapshot files.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
@@ -106,6 +109,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Reset(args) => reset::run(&global, args).await,
         Command::Health(args) => health::run(&global, args).await,
         Command::Kubeconfig(args) => kubeconfig::run(&global, args).await,
+        Command::Ops(args) => ops::run(&global, args).await,
         Command::Snapshot(command) => snapshot::run(&global, command),
         Command::Completion(args) => misc::completion(args),
         Command::Man => misc::man(),

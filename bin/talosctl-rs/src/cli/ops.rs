@@ -1,0 +1,287 @@
+//! `talosctl-rs ops ...`: the safe composite operations of
+//! `talos_client::ops`, journaled in the state directory. Progress goes to
+//! stderr step by step; the result to stdout (`-o json` for scripts).
+//! Refusals exit 1 with the reason and change nothing.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Subcommand;
+use talos_client::ops::{
+    Event, JoinOptions, OpRecord, Ops, Plan, RetireOptions, SnapshotOptions, StepState,
+    default_state_dir,
+};
+
+use super::apply::parse_go_duration;
+use super::{Global, Output, print_structured};
+
+#[derive(clap::Args)]
+pub struct OpsArgs {
+    /// Where the journal and locks live (default: $XDG_STATE_HOME/talosctl-rs,
+    /// else ~/.local/state/talosctl-rs).
+    #[arg(long, global = true)]
+    pub state_dir: Option<PathBuf>,
+    /// Print the plan and exit without changing anything.
+    #[arg(long, global = true)]
+    pub plan: bool,
+    /// Do not ask for confirmation (required without a terminal for a
+    /// destructive operation).
+    #[arg(long, short = 'y', global = true)]
+    pub yes: bool,
+    #[command(subcommand)]
+    pub command: OpsCommand,
+}
+
+#[derive(Subcommand)]
+pub enum OpsCommand {
+    /// A verified snapshot from a healthy voting member, with retention.
+    Snapshot {
+        /// Where snapshots go (default: STATE_DIR/snapshots).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Keep the newest N verified snapshots of this cluster (0: all).
+        #[arg(long, default_value_t = 0)]
+        keep: usize,
+    },
+    /// Retire a control-plane node: snapshot, forfeit, leave, reset at once.
+    Retire {
+        /// The node: hostname or address.
+        node: String,
+        /// A system label to wipe (repeatable; default STATE and EPHEMERAL).
+        #[arg(long = "wipe", value_name = "LABEL")]
+        wipe: Vec<String>,
+        /// The node already left etcd: only reset it.
+        #[arg(long)]
+        already_left: bool,
+        /// Where the verified snapshot goes (default: STATE_DIR/snapshots).
+        #[arg(long)]
+        snapshot_dir: Option<PathBuf>,
+        /// How long to wait for the node to go silent.
+        #[arg(long, default_value = "2m", value_parser = parse_go_duration)]
+        timeout: Duration,
+    },
+    /// Wait until a new node is a voting etcd member and all are healthy.
+    Join {
+        /// The node: hostname or address.
+        node: String,
+        /// How long to wait.
+        #[arg(long, default_value = "10m", value_parser = parse_go_duration)]
+        timeout: Duration,
+    },
+    /// List this cluster's operations.
+    List,
+    /// Show one operation and its steps.
+    Show {
+        /// Its id (a unique prefix is enough).
+        id: String,
+    },
+    /// Continue an interrupted operation, reconciling the step in flight.
+    Resume {
+        /// Its id.
+        id: String,
+    },
+    /// End an interrupted or failed operation without further action.
+    Abandon {
+        /// Its id.
+        id: String,
+    },
+}
+
+pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
+    let state_dir = match args.state_dir.clone() {
+        Some(dir) => dir,
+        None => default_state_dir().context("no state directory: pass --state-dir")?,
+    };
+    let context = global.resolve()?;
+    let (client, _) = global.connect()?;
+    let mut ops = Ops::open(&context, client, &state_dir)?;
+    let snapshots = |dir: Option<PathBuf>| dir.unwrap_or_else(|| state_dir.join("snapshots"));
+    let plan = match args.command {
+        OpsCommand::Snapshot { dir, keep } => {
+            ops.plan_snapshot(&SnapshotOptions {
+                dir: snapshots(dir),
+                keep,
+            })
+            .await?
+        }
+        OpsCommand::Retire {
+            node,
+            wipe,
+            already_left,
+            snapshot_dir,
+            timeout,
+        } => {
+            ops.plan_retire(&RetireOptions {
+                node,
+                wipe,
+                already_left,
+                snapshot_dir: snapshots(snapshot_dir),
+                silence_timeout: timeout,
+            })
+            .await?
+        }
+        OpsCommand::Join { node, timeout } => ops.plan_join(&JoinOptions { node, timeout }).await?,
+        OpsCommand::List => return list(global, &ops),
+        OpsCommand::Show { id } => return report(global, &ops.show(&id)?),
+        OpsCommand::Resume { id } => {
+            let record = ops.resume(&id, &mut progress).await?;
+            return report(global, &record);
+        }
+        OpsCommand::Abandon { id } => {
+            let record = ops.abandon(&id)?;
+            eprintln!("operation {} abandoned", record.id);
+            return report(global, &record);
+        }
+    };
+    show_plan(&plan);
+    if args.plan {
+        if global.output != Output::Table {
+            print_structured(global.output, &plan)?;
+        }
+        return Ok(());
+    }
+    if plan.is_destructive() && !args.yes {
+        confirm()?;
+    }
+    let record = ops.run(plan, &mut progress).await?;
+    report(global, &record)
+}
+
+fn show_plan(plan: &Plan) {
+    eprintln!("plan ({} steps):", plan.steps.len());
+    for (i, step) in plan.steps.iter().enumerate() {
+        let mark = if step.destructive {
+            " [changes the cluster]"
+        } else {
+            ""
+        };
+        eprintln!("  {}. {}: {}{mark}", i + 1, step.name, step.description);
+    }
+    for note in &plan.notes {
+        eprintln!("note: {note}");
+    }
+}
+
+fn confirm() -> anyhow::Result<()> {
+    if !std::io::stdin().is_terminal() {
+        bail!("this operation changes the cluster: pass --yes to run it without a terminal");
+    }
+    eprint!("proceed? [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    if !matches!(answer.trim(), "y" | "Y" | "yes") {
+        bail!("not confirmed: nothing was changed");
+    }
+    Ok(())
+}
+
+/// Step-by-step progress on stderr. `TALOSCTL_RS_TEST_CRASH=started:STEP`
+/// or `answered:STEP` aborts the process at that point, as a crash would
+/// (for the crash-safety tests).
+fn progress(event: Event<'_>) {
+    let crash_at = std::env::var("TALOSCTL_RS_TEST_CRASH").ok();
+    let point = match event {
+        Event::Started { id } => {
+            eprintln!("operation {id}");
+            None
+        }
+        Event::StepStarted { index, name, .. } => {
+            eprintln!("[{}] {name} ...", index + 1);
+            Some(format!("started:{name}"))
+        }
+        Event::StepAnswered { name, .. } => Some(format!("answered:{name}")),
+        Event::StepEnded {
+            index,
+            name,
+            state,
+            duration_ms,
+            detail,
+        } => {
+            let word = match state {
+                StepState::Done => "done",
+                StepState::Skipped => "skipped",
+                StepState::Failed => "FAILED",
+                _ => "?",
+            };
+            eprintln!(
+                "[{}] {name} {word} in {duration_ms} ms: {detail}",
+                index + 1
+            );
+            None
+        }
+        _ => None,
+    };
+    if let (Some(point), Some(crash)) = (point, crash_at.as_deref())
+        && point == crash
+    {
+        std::process::abort();
+    }
+}
+
+fn report(global: &Global, record: &OpRecord) -> anyhow::Result<()> {
+    if global.output != Output::Table {
+        return print_structured(global.output, record);
+    }
+    println!(
+        "operation {} ({}) {:?} on context {:?}",
+        record.id, record.kind, record.state, record.context
+    );
+    for step in &record.steps {
+        let took = step
+            .duration_ms
+            .map(|d| format!(" in {d} ms"))
+            .unwrap_or_default();
+        println!(
+            "  {}. {:<12} {:?}{took}{}",
+            step.index + 1,
+            step.name,
+            step.state,
+            step.detail
+                .as_deref()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(gap) = record
+        .facts
+        .get("leave_to_reset_gap_ms")
+        .and_then(|g| g.as_f64())
+    {
+        println!("leave_to_reset_gap_ms: {gap:.1}");
+    }
+    if let Some(step) = record.in_flight() {
+        println!(
+            "in flight: {} (started {})",
+            step.name,
+            step.started.as_deref().unwrap_or("?")
+        );
+    }
+    Ok(())
+}
+
+fn list(global: &Global, ops: &Ops) -> anyhow::Result<()> {
+    let records = ops.list()?;
+    if global.output != Output::Table {
+        return print_structured(global.output, &records);
+    }
+    let mut table = super::table::Table::new(&["ID", "KIND", "STATE", "CREATED", "AT STEP"]);
+    for r in records {
+        let at = r
+            .in_flight()
+            .or_else(|| r.steps.iter().find(|s| s.state == StepState::Failed))
+            .map(|s| s.name.clone())
+            .unwrap_or_default();
+        table.row(vec![
+            r.id.clone(),
+            r.kind.clone(),
+            format!("{:?}", r.state),
+            r.created.clone(),
+            at,
+        ]);
+    }
+    print!("{}", table.render());
+    Ok(())
+}

@@ -1,0 +1,123 @@
+//! What the operations read of a cluster: its members as each voter sees
+//! them, their statuses, and how to reach a member's node.
+
+use crate::client::{EtcdMember, EtcdMemberStatus, MemberId};
+use crate::{Client, Error};
+
+/// The host of a member's first peer URL: the node's address, which apid
+/// accepts as a `node` target.
+pub(crate) fn member_address(member: &EtcdMember) -> Option<String> {
+    let url = member.peer_urls.first().or(member.client_urls.first())?;
+    let rest = url.split("://").nth(1).unwrap_or(url);
+    let host = rest.split('/').next()?;
+    let host = match host.rsplit_once(':') {
+        Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => host,
+    };
+    Some(
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+    )
+}
+
+/// The cluster as read by a preflight.
+pub(crate) struct ClusterView {
+    /// The member list, as the first answering node sees it.
+    pub members: Vec<EtcdMember>,
+    /// Each voter's own status, or why it could not be read.
+    pub statuses: Vec<(EtcdMember, Result<EtcdMemberStatus, Error>)>,
+    /// Member lists that differ from `members`, by node.
+    pub disagreements: Vec<String>,
+}
+
+impl ClusterView {
+    /// Reads the members through the endpoint, then every voter's status
+    /// and own member list.
+    pub async fn read(client: &Client) -> Result<ClusterView, Error> {
+        let mut members = client.etcd_member_list(false).await?;
+        members.sort_by_key(|m| m.id);
+        let mut statuses = Vec::new();
+        let mut disagreements = Vec::new();
+        let ids: Vec<MemberId> = members.iter().map(|m| m.id).collect();
+        for member in members.iter().filter(|m| !m.is_learner) {
+            let Some(address) = member_address(member) else {
+                continue;
+            };
+            let node = client.node(address.as_str());
+            let status = node.etcd_status().await;
+            if status.is_ok() {
+                match node.etcd_member_list(true).await {
+                    Ok(mut seen) => {
+                        seen.sort_by_key(|m| m.id);
+                        let seen_ids: Vec<MemberId> = seen.iter().map(|m| m.id).collect();
+                        if seen_ids != ids {
+                            disagreements.push(format!(
+                                "{} sees {}",
+                                member.hostname,
+                                names(&seen).join(", ")
+                            ));
+                        }
+                    }
+                    Err(e) => disagreements.push(format!("{}: {e}", member.hostname)),
+                }
+            }
+            statuses.push((member.clone(), status));
+        }
+        Ok(ClusterView {
+            members,
+            statuses,
+            disagreements,
+        })
+    }
+
+    /// The voters.
+    pub fn voters(&self) -> impl Iterator<Item = &EtcdMember> {
+        self.members.iter().filter(|m| !m.is_learner)
+    }
+
+    /// Whether this voter answered with a status free of errors.
+    pub fn healthy(&self, id: MemberId) -> bool {
+        self.statuses
+            .iter()
+            .any(|(m, s)| m.id == id && matches!(s, Ok(s) if s.errors.is_empty() && !s.is_learner))
+    }
+
+    /// Why a voter is unhealthy, in words.
+    pub fn unhealthy_reason(&self, id: MemberId) -> String {
+        match self.statuses.iter().find(|(m, _)| m.id == id) {
+            Some((_, Ok(s))) if !s.errors.is_empty() => s.errors.join("; "),
+            Some((_, Err(e))) => e.to_string(),
+            _ => "no status".into(),
+        }
+    }
+
+    /// The leader's member id, as the healthy voters report it.
+    pub fn leader(&self) -> Option<MemberId> {
+        self.statuses
+            .iter()
+            .find_map(|(_, s)| s.as_ref().ok().map(|s| s.leader))
+            .filter(|l| l.0 != 0)
+    }
+
+    /// Whether member `id` is listed.
+    pub fn find_id(&self, id: MemberId) -> bool {
+        self.members.iter().any(|m| m.id == id)
+    }
+
+    /// The member named by `node`: a hostname or an address.
+    pub fn find(&self, node: &str) -> Option<&EtcdMember> {
+        self.members
+            .iter()
+            .find(|m| m.hostname == node || member_address(m).as_deref() == Some(node))
+    }
+}
+
+pub(crate) fn names(members: &[EtcdMember]) -> Vec<String> {
+    members.iter().map(|m| m.hostname.clone()).collect()
+}
+
+/// Quorum of `n` voters.
+pub(crate) fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}

@@ -1,0 +1,355 @@
+//! The journal: every operation, its parameters, its cluster and each step
+//! with its state and times, in SQLite (WAL) under the state directory. A
+//! destructive step is recorded as started before its call is sent, so
+//! after a crash the journal names the step that was in flight. It never
+//! holds key material: clusters are named by context and CA fingerprint.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OptionalExtension as _, params};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use super::OpsError;
+
+/// Where an operation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum OpState {
+    /// Running, or interrupted by a crash (then no process holds its lock).
+    Running,
+    /// Every step succeeded.
+    Succeeded,
+    /// A step failed; the steps say which and why.
+    Failed,
+    /// Ended by `abandon` without further action.
+    Abandoned,
+}
+
+/// Where a step stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum StepState {
+    /// Not started.
+    Pending,
+    /// Started (for a destructive step: recorded before its call was sent).
+    Running,
+    /// Finished.
+    Done,
+    /// Not needed (e.g. no forfeit when the node does not lead).
+    Skipped,
+    /// Failed.
+    Failed,
+}
+
+/// One step of an operation as journaled.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Position in the plan, from 0.
+    pub index: usize,
+    /// The step's name (`snapshot`, `leave`, `reset`, ...).
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// Whether it changes the cluster.
+    pub destructive: bool,
+    /// Where it stands.
+    pub state: StepState,
+    /// When it started (RFC 3339).
+    pub started: Option<String>,
+    /// When it ended (RFC 3339).
+    pub finished: Option<String>,
+    /// How long it took.
+    pub duration_ms: Option<u64>,
+    /// Its result or failure, in words.
+    pub detail: Option<String>,
+}
+
+/// One operation as journaled.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OpRecord {
+    /// Its id.
+    pub id: String,
+    /// `snapshot`, `retire` or `join`.
+    pub kind: String,
+    /// The talosconfig context it ran against.
+    pub context: String,
+    /// sha256 of the cluster CA certificate (hex).
+    pub ca_fingerprint: String,
+    /// Its parameters.
+    pub params: serde_json::Value,
+    /// Facts gathered while running (snapshot path, gap, ...).
+    pub facts: serde_json::Value,
+    /// Where it stands.
+    pub state: OpState,
+    /// When it was created (RFC 3339).
+    pub created: String,
+    /// When it last changed (RFC 3339).
+    pub updated: String,
+    /// Its steps, in order.
+    pub steps: Vec<StepRecord>,
+}
+
+impl OpRecord {
+    /// The step that was started and not finished: after a crash, the one
+    /// in flight.
+    pub fn in_flight(&self) -> Option<&StepRecord> {
+        self.steps.iter().find(|s| s.state == StepState::Running)
+    }
+}
+
+/// The journal database.
+pub struct Journal {
+    conn: Connection,
+    path: PathBuf,
+}
+
+pub(crate) fn now() -> String {
+    OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS operations (
+  id TEXT PRIMARY KEY, kind TEXT NOT NULL, context TEXT NOT NULL,
+  ca_fingerprint TEXT NOT NULL, params TEXT NOT NULL, facts TEXT NOT NULL,
+  state TEXT NOT NULL, created TEXT NOT NULL, updated TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS steps (
+  op_id TEXT NOT NULL, idx INTEGER NOT NULL, name TEXT NOT NULL,
+  description TEXT NOT NULL, destructive INTEGER NOT NULL, state TEXT NOT NULL,
+  started TEXT, finished TEXT, duration_ms INTEGER, detail TEXT,
+  PRIMARY KEY (op_id, idx));
+";
+
+fn to_text<T: Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn from_text<T: for<'de> Deserialize<'de>>(text: &str) -> Option<T> {
+    serde_json::from_value(serde_json::Value::String(text.to_string())).ok()
+}
+
+impl Journal {
+    /// Opens (creating) the journal in `state_dir` (mode 0700).
+    pub fn open(state_dir: &Path) -> Result<Journal, OpsError> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(state_dir)
+            .map_err(|source| OpsError::Io {
+                path: state_dir.to_owned(),
+                source,
+            })?;
+        let path = state_dir.join("journal.sqlite");
+        let conn = Connection::open(&path).map_err(|e| OpsError::journal(&path, e))?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000;",
+        )
+        .and_then(|()| conn.execute_batch(SCHEMA))
+        .map_err(|e| OpsError::journal(&path, e))?;
+        Ok(Journal { conn, path })
+    }
+
+    fn err(&self, e: rusqlite::Error) -> OpsError {
+        OpsError::journal(&self.path, e)
+    }
+
+    /// Records a new operation and its planned steps, all pending.
+    pub(crate) fn create(&mut self, record: &OpRecord) -> Result<(), OpsError> {
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(|e| OpsError::journal(&self.path, e))?;
+        tx.execute(
+            "INSERT INTO operations VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![
+                record.id,
+                record.kind,
+                record.context,
+                record.ca_fingerprint,
+                record.params.to_string(),
+                record.facts.to_string(),
+                to_text(&record.state),
+                record.created,
+                record.updated
+            ],
+        )
+        .map_err(|e| OpsError::journal(&self.path, e))?;
+        for step in &record.steps {
+            tx.execute(
+                "INSERT INTO steps (op_id, idx, name, description, destructive, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![record.id, step.index, step.name, step.description, step.destructive, to_text(&step.state)],
+            )
+            .map_err(|e| OpsError::journal(&self.path, e))?;
+        }
+        tx.commit().map_err(|e| OpsError::journal(&self.path, e))
+    }
+
+    /// Marks step `index` started (before its call is sent).
+    pub(crate) fn step_started(&mut self, id: &str, index: usize) -> Result<(), OpsError> {
+        let now = now();
+        self.conn
+            .execute(
+                "UPDATE steps SET state = 'running', started = ?3, finished = NULL, detail = NULL WHERE op_id = ?1 AND idx = ?2",
+                params![id, index, now],
+            )
+            .map_err(|e| self.err(e))?;
+        self.touch(id)
+    }
+
+    /// Ends step `index` and, in the same transaction, records the facts and
+    /// (optionally) starts the next step: one commit between a leave's
+    /// answer and the reset.
+    pub(crate) fn step_ended(
+        &mut self,
+        id: &str,
+        index: usize,
+        end: StepEnd<'_>,
+        facts: &serde_json::Value,
+        start_next: Option<usize>,
+    ) -> Result<(), OpsError> {
+        let now = now();
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(|e| OpsError::journal(&self.path, e))?;
+        tx.execute(
+            "UPDATE steps SET state = ?3, finished = ?4, duration_ms = ?5, detail = ?6 WHERE op_id = ?1 AND idx = ?2",
+            params![id, index, to_text(&end.state), now, end.duration_ms, end.detail],
+        )
+        .map_err(|e| OpsError::journal(&self.path, e))?;
+        if let Some(next) = start_next {
+            tx.execute(
+                "UPDATE steps SET state = 'running', started = ?3 WHERE op_id = ?1 AND idx = ?2",
+                params![id, next, now],
+            )
+            .map_err(|e| OpsError::journal(&self.path, e))?;
+        }
+        tx.execute(
+            "UPDATE operations SET facts = ?2, updated = ?3 WHERE id = ?1",
+            params![id, facts.to_string(), now],
+        )
+        .map_err(|e| OpsError::journal(&self.path, e))?;
+        tx.commit().map_err(|e| OpsError::journal(&self.path, e))
+    }
+
+    /// Sets the operation's state.
+    pub(crate) fn set_state(&mut self, id: &str, state: OpState) -> Result<(), OpsError> {
+        self.conn
+            .execute(
+                "UPDATE operations SET state = ?2, updated = ?3 WHERE id = ?1",
+                params![id, to_text(&state), now()],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn touch(&self, id: &str) -> Result<(), OpsError> {
+        self.conn
+            .execute(
+                "UPDATE operations SET updated = ?2 WHERE id = ?1",
+                params![id, now()],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// One operation with its steps; an id prefix is enough when unique.
+    pub fn get(&self, id: &str) -> Result<OpRecord, OpsError> {
+        let ids: Vec<String> = self
+            .conn
+            .prepare("SELECT id FROM operations WHERE id LIKE ?1 || '%'")
+            .and_then(|mut s| {
+                s.query_map([id], |r| r.get(0))?
+                    .collect::<Result<Vec<String>, _>>()
+            })
+            .map_err(|e| self.err(e))?;
+        match ids.as_slice() {
+            [one] => self
+                .load(one)?
+                .ok_or_else(|| OpsError::UnknownOperation(id.into())),
+            [] => Err(OpsError::UnknownOperation(id.into())),
+            _ => Err(OpsError::AmbiguousOperation(id.into())),
+        }
+    }
+
+    fn load(&self, id: &str) -> Result<Option<OpRecord>, OpsError> {
+        let op = self
+            .conn
+            .query_row(
+                "SELECT id, kind, context, ca_fingerprint, params, facts, state, created, updated FROM operations WHERE id = ?1",
+                [id],
+                |r| {
+                    Ok(OpRecord {
+                        id: r.get(0)?,
+                        kind: r.get(1)?,
+                        context: r.get(2)?,
+                        ca_fingerprint: r.get(3)?,
+                        params: serde_json::from_str(&r.get::<_, String>(4)?).unwrap_or_default(),
+                        facts: serde_json::from_str(&r.get::<_, String>(5)?).unwrap_or_default(),
+                        state: from_text(&r.get::<_, String>(6)?).unwrap_or(OpState::Failed),
+                        created: r.get(7)?,
+                        updated: r.get(8)?,
+                        steps: Vec::new(),
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| self.err(e))?;
+        let Some(mut op) = op else { return Ok(None) };
+        op.steps = self
+            .conn
+            .prepare(
+                "SELECT idx, name, description, destructive, state, started, finished, duration_ms, detail FROM steps WHERE op_id = ?1 ORDER BY idx",
+            )
+            .and_then(|mut s| {
+                s.query_map([id], |r| {
+                    Ok(StepRecord {
+                        index: r.get::<_, i64>(0)? as usize,
+                        name: r.get(1)?,
+                        description: r.get(2)?,
+                        destructive: r.get(3)?,
+                        state: from_text(&r.get::<_, String>(4)?).unwrap_or(StepState::Failed),
+                        started: r.get(5)?,
+                        finished: r.get(6)?,
+                        duration_ms: r.get::<_, Option<i64>>(7)?.map(|d| d as u64),
+                        detail: r.get(8)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(Some(op))
+    }
+
+    /// Every operation, newest first; optionally only one cluster's.
+    pub fn list(&self, ca_fingerprint: Option<&str>) -> Result<Vec<OpRecord>, OpsError> {
+        let ids: Vec<String> = self
+            .conn
+            .prepare(
+                "SELECT id FROM operations WHERE ?1 IS NULL OR ca_fingerprint = ?1 ORDER BY created DESC, id DESC",
+            )
+            .and_then(|mut s| {
+                s.query_map([ca_fingerprint], |r| r.get(0))?
+                    .collect::<Result<Vec<String>, _>>()
+            })
+            .map_err(|e| self.err(e))?;
+        ids.iter()
+            .filter_map(|id| self.load(id).transpose())
+            .collect()
+    }
+}
+
+/// How a step ended.
+pub(crate) struct StepEnd<'a> {
+    pub state: StepState,
+    pub duration_ms: u64,
+    pub detail: Option<&'a str>,
+}

@@ -1,0 +1,76 @@
+//! One operation per cluster at a time: an advisory lock on a file per
+//! cluster (by CA fingerprint) under the state directory, held for the
+//! holder's lifetime. The kernel drops it when the holder exits, however it
+//! exits, so a killed process never blocks the next one.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read as _, Seek as _, Write as _};
+use std::path::{Path, PathBuf};
+
+use super::OpsError;
+
+/// A held cluster lock; released on drop.
+#[derive(Debug)]
+pub struct ClusterLock {
+    file: File,
+    path: PathBuf,
+}
+
+impl ClusterLock {
+    /// Takes the lock for the cluster with CA fingerprint `fingerprint` on
+    /// behalf of operation `op_id`, or fails with the holder's operation id.
+    pub fn acquire(
+        state_dir: &Path,
+        fingerprint: &str,
+        op_id: &str,
+    ) -> Result<ClusterLock, OpsError> {
+        let dir = state_dir.join("locks");
+        std::fs::create_dir_all(&dir).map_err(|source| OpsError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let path = dir.join(format!(
+            "{}.lock",
+            &fingerprint[..fingerprint.len().min(32)]
+        ));
+        let io = |source| OpsError::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                return Err(OpsError::Busy {
+                    running: holder.trim().to_string(),
+                });
+            }
+            Err(TryLockError::Error(e)) => return Err(io(e)),
+        }
+        file.set_len(0).map_err(io)?;
+        file.rewind().map_err(io)?;
+        file.write_all(op_id.as_bytes()).map_err(io)?;
+        file.flush().map_err(io)?;
+        Ok(ClusterLock { file, path })
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ClusterLock {
+    fn drop(&mut self) {
+        let _ = self.file.set_len(0);
+        let _ = self.file.unlock();
+    }
+}

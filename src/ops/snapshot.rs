@@ -110,13 +110,14 @@ impl Ops {
         })?;
         let now = time::OffsetDateTime::now_utc();
         let stamp = format!(
-            "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+            "{:04}{:02}{:02}T{:02}{:02}{:02}.{:03}Z",
             now.year(),
             u8::from(now.month()),
             now.day(),
             now.hour(),
             now.minute(),
-            now.second()
+            now.second(),
+            now.millisecond()
         );
         let base = format!("{}-{stamp}", safe_name(&self.context));
         let taking = dir.join(format!("{base}{EXT}"));
@@ -169,7 +170,7 @@ fn safe_name(context: &str) -> String {
 }
 
 /// Keeps the newest `keep` of this cluster's verified snapshots in `dir`
-/// (ours: `CONTEXT-TIME-revN.db` with a sidecar); never removes `newest`
+/// (ours: `CONTEXT-TIME-revN.db` with a sidecar, TIME in UTC to the millisecond); never removes `newest`
 /// nor any other file. Returns the names removed.
 fn retain(dir: &Path, context: &str, keep: usize, newest: &Path) -> Result<Vec<String>, OpsError> {
     if keep == 0 {
@@ -202,7 +203,7 @@ fn retain(dir: &Path, context: &str, keep: usize, newest: &Path) -> Result<Vec<S
     Ok(removed)
 }
 
-/// `PREFIX` + `YYYYMMDDTHHMMSSZ` + `-rev` + digits + `.db`.
+/// `PREFIX` + `YYYYMMDDTHHMMSS.mmmZ` + `-rev` + digits + `.db`.
 fn is_ours(name: &str, prefix: &str) -> bool {
     let Some(rest) = name.strip_prefix(prefix).and_then(|r| r.strip_suffix(EXT)) else {
         return false;
@@ -210,7 +211,7 @@ fn is_ours(name: &str, prefix: &str) -> bool {
     let Some((stamp, rev)) = rest.split_once("-rev") else {
         return false;
     };
-    stamp.len() == 16
+    stamp.len() == 20
         && stamp.ends_with('Z')
         && !rev.is_empty()
         && rev.chars().all(|c| c.is_ascii_digit())
@@ -224,9 +225,9 @@ mod tests {
     fn retention_keeps_the_newest_and_touches_nothing_else() {
         let dir = tempfile::tempdir().unwrap();
         let names = [
-            "c-20260101T000000Z-rev1.db",
-            "c-20260102T000000Z-rev2.db",
-            "c-20260103T000000Z-rev3.db",
+            "c-20260101T000000.000Z-rev1.db",
+            "c-20260102T000000.000Z-rev2.db",
+            "c-20260103T000000.000Z-rev3.db",
         ];
         for n in names {
             std::fs::write(dir.path().join(n), b"x").unwrap();
@@ -235,12 +236,16 @@ mod tests {
         // Not ours, or not verified (no sidecar), or another cluster's.
         for other in [
             "notes.txt",
-            "c-20250101T000000Z-rev9.db",
-            "d-20250101T000000Z-rev1.db",
+            "c-20250101T000000.000Z-rev9.db",
+            "d-20250101T000000.000Z-rev1.db",
         ] {
             std::fs::write(dir.path().join(other), b"x").unwrap();
         }
-        std::fs::write(dir.path().join("d-20250101T000000Z-rev1.db.json"), b"{}").unwrap();
+        std::fs::write(
+            dir.path().join("d-20250101T000000.000Z-rev1.db.json"),
+            b"{}",
+        )
+        .unwrap();
         let removed = retain(dir.path(), "c", 1, &dir.path().join(names[2])).unwrap();
         assert_eq!(removed, [names[1], names[0]]);
         let mut left: Vec<_> = std::fs::read_dir(dir.path())
@@ -251,11 +256,11 @@ mod tests {
         assert_eq!(
             left,
             [
-                "c-20250101T000000Z-rev9.db",
-                "c-20260103T000000Z-rev3.db",
-                "c-20260103T000000Z-rev3.db.json",
-                "d-20250101T000000Z-rev1.db",
-                "d-20250101T000000Z-rev1.db.json",
+                "c-20250101T000000.000Z-rev9.db",
+                "c-20260103T000000.000Z-rev3.db",
+                "c-20260103T000000.000Z-rev3.db.json",
+                "d-20250101T000000.000Z-rev1.db",
+                "d-20250101T000000.000Z-rev1.db.json",
                 "notes.txt"
             ]
         );

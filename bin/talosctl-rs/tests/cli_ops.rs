@@ -1,0 +1,397 @@
+//! `talosctl-rs ops` against the simulator (real etcd): retire end to end,
+//! every refusal with nothing changed, join, snapshot retention, one
+//! operation per cluster, and a crash at every step of a retire followed by
+//! `ops show` and `ops resume`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use talos_test_support::cli::{Run, command, run};
+use talos_test_support::sim::{SimCluster, wait_for};
+
+struct Fixture {
+    sim: SimCluster,
+    state: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn start(nodes: usize) -> Fixture {
+        Fixture {
+            sim: SimCluster::start(nodes).await,
+            state: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn talosconfig(&self) -> PathBuf {
+        self.sim.dir.path().join("talosconfig")
+    }
+
+    async fn ops(&self, args: &[&str]) -> Run {
+        self.ops_with(&self.talosconfig(), args, None).await
+    }
+
+    async fn ops_with(&self, tc: &Path, args: &[&str], crash: Option<&str>) -> Run {
+        let mut cmd = command(tc);
+        cmd.args(["-o", "json", "ops"])
+            .arg("--state-dir")
+            .arg(self.state.path())
+            .args(args);
+        if let Some(point) = crash {
+            cmd.env("TALOSCTL_RS_TEST_CRASH", point);
+        }
+        let output = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .unwrap()
+            .unwrap();
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Member names and learner flags, as node 1 sees them.
+    async fn members(&self) -> Vec<(String, bool)> {
+        let mut members: Vec<_> = self
+            .sim
+            .admin()
+            .node(self.sim.ip(1))
+            .etcd_member_list(false)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.hostname, m.is_learner))
+            .collect();
+        members.sort();
+        members
+    }
+
+    /// The address of whichever node leads.
+    async fn leader(&self, nodes: usize) -> String {
+        let client = self.sim.admin();
+        wait_for("a leader", Duration::from_secs(30), || async {
+            for i in 1..=nodes {
+                if client
+                    .node(self.sim.ip(i))
+                    .etcd_status()
+                    .await
+                    .ok()?
+                    .is_leader()
+                {
+                    return Some(self.sim.ip(i));
+                }
+            }
+            None
+        })
+        .await
+    }
+
+    /// After a retire of `address`: two healthy voters, the node silent.
+    async fn assert_retired(&self, address: &str) {
+        let client = self.sim.admin();
+        let survivor = (1..=3)
+            .map(|i| self.sim.ip(i))
+            .find(|ip| ip != address)
+            .unwrap();
+        let members = client
+            .node(survivor.as_str())
+            .etcd_member_list(false)
+            .await
+            .unwrap();
+        assert_eq!(members.len(), 2, "{members:?}");
+        assert!(members.iter().all(|m| !m.is_learner));
+        for m in &members {
+            let host = m.peer_urls[0]
+                .split("//")
+                .nth(1)
+                .unwrap()
+                .split(':')
+                .next()
+                .unwrap();
+            let status = client.node(host).etcd_status().await.unwrap();
+            assert!(status.errors.is_empty());
+        }
+        assert!(
+            client.node(address).version().await.is_err(),
+            "the retired node still answers"
+        );
+    }
+}
+
+/// The operation id of the newest operation in the journal.
+async fn newest(f: &Fixture) -> serde_json::Value {
+    let list = f.ops(&["list"]).await.ok().json();
+    list[0].clone()
+}
+
+#[tokio::test]
+async fn retire_of_the_leader_forfeits_leaves_resets_and_reports_the_gap() {
+    let f = Fixture::start(3).await;
+    f.sim
+        .cluster
+        .fill("/registry/test/", 50, 256)
+        .await
+        .unwrap();
+    let leader = f.leader(3).await;
+    let run = f.ops(&["--yes", "retire", &leader]).await.ok();
+    let record = run.json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    let steps: Vec<_> = record["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let names: Vec<_> = steps.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "snapshot",
+            "forfeit",
+            "leave",
+            "reset",
+            "confirm",
+            "wait-silent"
+        ]
+    );
+    assert_eq!(steps[1].1, "done", "the leader forfeited: {record}");
+    assert!(record["facts"]["leave_to_reset_gap_ms"].as_f64().unwrap() > 0.0);
+    assert!(run.stderr.contains("[3] leave done"), "{}", run.stderr);
+    // The snapshot is verified (its sidecar exists) and holds the data.
+    let snapshot = PathBuf::from(record["facts"]["snapshot"].as_str().unwrap());
+    let report = talos_client::snapshot::verify_file(&snapshot).unwrap();
+    assert!(report.status.revision >= 50);
+    assert!(PathBuf::from(format!("{}.json", snapshot.display())).exists());
+    f.assert_retired(&leader).await;
+}
+
+#[tokio::test]
+async fn refusals_change_nothing() {
+    let f = Fixture::start(3).await;
+    let before = f.members().await;
+    let refused = |run: Run, why: &str| {
+        assert_eq!(
+            run.code, 1,
+            "stdout:\n{}\nstderr:\n{}",
+            run.stdout, run.stderr
+        );
+        assert!(run.stderr.contains(why), "want {why:?} in:\n{}", run.stderr);
+    };
+    refused(
+        f.ops(&["--yes", "retire", "10.99.0.1"]).await,
+        "is not an etcd member",
+    );
+    // No terminal and no --yes.
+    refused(f.ops(&["retire", "cp-2"]).await, "pass --yes");
+    // The node is the talosconfig's only endpoint.
+    let only = f.state.path().join("only-cp2");
+    std::fs::copy(f.talosconfig(), &only).unwrap();
+    let cp2_api = f.sim.cluster.nodes()[1].api.clone();
+    run(&only, &["config", "endpoint", &cp2_api]).await.ok();
+    refused(
+        f.ops_with(&only, &["--yes", "retire", "cp-2"], None).await,
+        "only endpoint",
+    );
+    // A learner is present (one that never starts, added straight to etcd).
+    let urls: Vec<String> = f
+        .sim
+        .cluster
+        .nodes()
+        .iter()
+        .map(|n| n.etcd_client_url.clone())
+        .collect();
+    let etcd = talos_sim::etcd_client::EtcdClient::connect(&urls)
+        .await
+        .unwrap();
+    let learner = wait_for(
+        "etcd to accept a learner",
+        Duration::from_secs(30),
+        || async { etcd.member_add("http://127.0.0.1:9", true).await.ok() },
+    )
+    .await;
+    refused(f.ops(&["--yes", "retire", "cp-2"]).await, "learner");
+    etcd.member_remove(learner.id).await.unwrap();
+    // --plan shows the plan, exits 0 and changes nothing.
+    let plan = f.ops(&["--plan", "retire", "cp-1"]).await.ok();
+    assert!(plan.stderr.contains("leave: EtcdLeaveCluster on cp-1"), "{}", plan.stderr);
+    assert_eq!(f.members().await, before);
+    // A remaining voter is down.
+    f.sim.cluster.power_off("cp-3").await.unwrap();
+    refused(
+        f.ops(&["--yes", "retire", "cp-2"]).await,
+        "remaining voters are unhealthy",
+    );
+    assert_eq!(
+        f.members().await,
+        before,
+        "member lists identical before and after"
+    );
+}
+
+#[tokio::test]
+async fn the_last_voter_is_not_retired() {
+    let f = Fixture::start(1).await;
+    let run = f.ops(&["--yes", "retire", "cp-1"]).await;
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains("last voting member") || run.stderr.contains("only endpoint"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[tokio::test]
+async fn join_waits_for_an_added_node_to_be_a_healthy_voter() {
+    let f = Fixture::start(3).await;
+    f.sim.cluster.add_node().await.unwrap();
+    let run = f.ops(&["join", "cp-4", "--timeout", "90s"]).await.ok();
+    let record = run.json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    assert!(record["facts"]["join_seconds"].as_f64().is_some());
+    assert!(run.stderr.contains("even count"), "{}", run.stderr);
+    assert!(f.members().await.iter().all(|(_, learner)| !learner));
+}
+
+#[tokio::test]
+async fn snapshot_retention_keeps_exactly_n() {
+    let f = Fixture::start(1).await;
+    let dir = f.state.path().join("snaps");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("unrelated.db"), b"mine").unwrap();
+    let mut taken = Vec::new();
+    for _ in 0..3 {
+        let record = f
+            .ops(&["snapshot", "--dir", dir.to_str().unwrap(), "--keep", "2"])
+            .await
+            .ok()
+            .json();
+        taken.push(record["facts"]["snapshot"].as_str().unwrap().to_string());
+    }
+    let mut ours: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".db") && n != "unrelated.db")
+        .collect();
+    ours.sort();
+    assert_eq!(ours.len(), 2, "{ours:?}");
+    assert!(taken[2].ends_with(&ours[1]));
+    assert!(dir.join("unrelated.db").exists());
+}
+
+#[tokio::test]
+async fn one_operation_per_cluster() {
+    let f = Fixture::start(3).await;
+    // A join that cannot finish holds the cluster while it waits.
+    let tc = f.talosconfig();
+    let mut waiting = command(&tc);
+    waiting
+        .args(["ops", "--state-dir"])
+        .arg(f.state.path())
+        .args(["join", "cp-9", "--timeout", "60s"]);
+    let mut child = waiting
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let running = wait_for(
+        "the join to be journaled",
+        Duration::from_secs(30),
+        || async {
+            let list = f.ops(&["list"]).await;
+            let id = list.json()[0]["id"].as_str()?.to_string();
+            Some(id)
+        },
+    )
+    .await;
+    let refused = f.ops(&["snapshot"]).await;
+    assert_eq!(refused.code, 1);
+    assert!(refused.stderr.contains(&running), "{}", refused.stderr);
+    // Killed, the holder's lock goes with it; its operation is interrupted
+    // and named until abandoned.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let blocked = f.ops(&["snapshot"]).await;
+    assert_eq!(blocked.code, 1);
+    assert!(blocked.stderr.contains("interrupted"), "{}", blocked.stderr);
+    f.ops(&["abandon", &running]).await.ok();
+    f.ops(&["snapshot"]).await.ok();
+}
+
+/// Kills the CLI at `point` during a retire of cp-2, then checks that `ops
+/// show` names the step in flight and `ops resume` ends like an
+/// uninterrupted run.
+async fn crash_and_resume(point: &str) {
+    let f = Fixture::start(3).await;
+    let address = f.sim.ip(2);
+    let crashed = f
+        .ops_with(
+            &f.talosconfig(),
+            &["--yes", "retire", &address],
+            Some(point),
+        )
+        .await;
+    assert_ne!(
+        crashed.code, 0,
+        "the CLI was to die at {point}:\n{}",
+        crashed.stderr
+    );
+    let record = newest(&f).await;
+    let id = record["id"].as_str().unwrap().to_string();
+    let step = point.split(':').nth(1).unwrap();
+    let shown = f.ops(&["show", &id]).await.ok().json();
+    let in_flight: Vec<_> = shown["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "running")
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(in_flight, [step], "{shown}");
+    let resumed = f.ops(&["resume", &id]).await.ok().json();
+    assert_eq!(resumed["state"], "succeeded", "{resumed}");
+    f.assert_retired(&address).await;
+}
+
+#[tokio::test]
+async fn crash_while_taking_the_snapshot() {
+    crash_and_resume("started:snapshot").await;
+}
+
+#[tokio::test]
+async fn crash_before_the_leave_is_sent() {
+    crash_and_resume("started:leave").await;
+}
+
+#[tokio::test]
+async fn crash_after_the_leave_answered() {
+    crash_and_resume("answered:leave").await;
+}
+
+#[tokio::test]
+async fn crash_before_the_reset_is_sent() {
+    crash_and_resume("started:reset").await;
+}
+
+#[tokio::test]
+async fn crash_after_the_reset_answered() {
+    crash_and_resume("answered:reset").await;
+}
+
+#[tokio::test]
+async fn crash_while_confirming() {
+    crash_and_resume("started:confirm").await;
+}
+
+#[tokio::test]
+async fn crash_while_waiting_for_silence() {
+    crash_and_resume("started:wait-silent").await;
+}
+
+#[tokio::test]
+async fn crash_before_the_forfeit() {
+    crash_and_resume("started:forfeit").await;
+}

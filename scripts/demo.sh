@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: start a simulated three-node Talos
-# control plane (real etcd members) and take a verified etcd snapshot from it
-# with talosctl-rs. Everything is written under a temporary directory (or
-# $1), and the cluster is stopped at the end.
+# The main job on a fresh machine: the seeds' night on a simulated
+# three-node Talos control plane (real etcd members). Write data, take a
+# verified snapshot with `ops snapshot`, retire one node with `ops retire`
+# (snapshot, forfeit, leave, reset at once, wait until silent; each step and
+# the leave-to-reset gap printed), then show the two voters left.
+# Everything is written under a temporary directory (or $1), and the cluster
+# is stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,10 +36,17 @@ echo "== cluster ($tc), 1000 keys written"
 echo
 "$ctl" --talosconfig "$tc" -n "$(python3 -c 'import json,sys; print(",".join(n["ip"] for n in json.load(open(sys.argv[1]))["nodes"]))' "$work/sim.json")" etcd status
 echo
-echo "== verified snapshot"
-"$ctl" --talosconfig "$tc" etcd snapshot "$work/etcd.snapshot"
+ops="$ctl --talosconfig $tc ops --state-dir $work/state"
+echo "== ops snapshot: a verified snapshot from a healthy voter, keep the newest 3"
+$ops snapshot --dir "$work/snapshots" --keep 3
 echo
-echo "== offline re-check"
-"$ctl" --talosconfig "$tc" snapshot verify "$work/etcd.snapshot"
+echo "== ops retire cp-3: the handover, step by step"
+$ops --yes retire cp-3 --snapshot-dir "$work/snapshots"
 echo
-echo "snapshot: $work/etcd.snapshot (facts in $work/etcd.snapshot.json)"
+echo "== etcd members after the retire: two voters"
+"$ctl" --talosconfig "$tc" etcd members
+echo
+echo "== the journal"
+$ops list
+echo
+echo "snapshots in $work/snapshots, journal in $work/state"

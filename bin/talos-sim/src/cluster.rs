@@ -156,7 +156,7 @@ impl Cluster {
             result?;
         }
         for node in &created {
-            shared.start_front(node).await?;
+            crate::lifecycle::start_front(shared, node).await?;
         }
         shared.wait_for_leader(Duration::from_secs(60)).await
     }
@@ -245,7 +245,7 @@ impl Cluster {
             .shared
             .find(target)
             .ok_or_else(|| SimError::Refused(format!("no node {target:?}")))?;
-        self.shared.power_off(&node).await;
+        crate::lifecycle::power_off(&node).await;
         Ok(())
     }
 
@@ -282,7 +282,7 @@ impl Cluster {
     /// Stops every node's API and etcd.
     pub async fn shutdown(self) {
         let nodes = self.shared.nodes();
-        futures::future::join_all(nodes.iter().map(|n| self.shared.power_off(n))).await;
+        futures::future::join_all(nodes.iter().map(|n| crate::lifecycle::power_off(n))).await;
     }
 }
 
@@ -308,8 +308,8 @@ impl Shared {
         let index = self.nodes().len() + 1;
         let node = Arc::new(self.create_node(index)?);
         self.nodes.write().expect("nodes lock").push(node.clone());
-        self.join_etcd(&node).await?;
-        self.start_front(&node).await?;
+        crate::lifecycle::join_etcd(self, &node).await?;
+        crate::lifecycle::start_front(self, &node).await?;
         Ok(NodeInfo::of(&node))
     }
 

@@ -199,7 +199,7 @@ impl Machined {
                 let node = node.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(ACTION_DELAY).await;
-                    shared.reboot(&node).await;
+                    crate::lifecycle::reboot(&shared, &node).await;
                 });
                 "Applied configuration with a reboot".into()
             }
@@ -361,8 +361,7 @@ impl MachineService for Machined {
         // Like upstream, the reset sequence runs after the call returns.
         tokio::spawn(async move {
             tokio::time::sleep(ACTION_DELAY).await;
-            shared
-                .reset(&node, request.graceful, request.reboot, &targets)
+            crate::lifecycle::reset(&shared, &node, request.graceful, request.reboot, &targets)
                 .await;
         });
         one(machine::ResetResponse {
@@ -381,7 +380,7 @@ impl MachineService for Machined {
         let (shared, node) = (self.shared.clone(), self.node.clone());
         tokio::spawn(async move {
             tokio::time::sleep(ACTION_DELAY).await;
-            shared.reboot(&node).await;
+            crate::lifecycle::reboot(&shared, &node).await;
         });
         one(machine::RebootResponse {
             messages: vec![machine::Reboot {
@@ -396,10 +395,10 @@ impl MachineService for Machined {
         request: Request<machine::ShutdownRequest>,
     ) -> Result<Response<machine::ShutdownResponse>, Status> {
         authorize(&request, "Shutdown")?;
-        let (shared, node) = (self.shared.clone(), self.node.clone());
+        let node = self.node.clone();
         tokio::spawn(async move {
             tokio::time::sleep(ACTION_DELAY).await;
-            shared.power_off(&node).await;
+            crate::lifecycle::power_off(&node).await;
         });
         one(machine::ShutdownResponse {
             messages: vec![machine::Shutdown {
@@ -416,13 +415,12 @@ impl MachineService for Machined {
         authorize(&request, "Bootstrap")?;
         self.node.check_controlplane("bootstrap")?;
         let request = request.into_inner();
-        self.shared
-            .bootstrap(
-                &self.node,
-                request.recover_etcd,
-                request.recover_skip_hash_check,
-            )
-            .await?;
+        crate::lifecycle::bootstrap(
+            &self.node,
+            request.recover_etcd,
+            request.recover_skip_hash_check,
+        )
+        .await?;
         one(machine::BootstrapResponse {
             messages: vec![machine::Bootstrap { metadata: None }],
         })
@@ -579,7 +577,7 @@ impl ClusterService for Machined {
             .unwrap_or(Duration::from_secs(20));
         let shared = self.shared.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
-        tokio::spawn(async move { shared.health_check(wait, tx).await });
+        tokio::spawn(async move { crate::health::health_check(&shared, wait, tx).await });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))

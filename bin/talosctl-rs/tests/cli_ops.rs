@@ -218,7 +218,11 @@ async fn refusals_change_nothing() {
     etcd.member_remove(learner.id).await.unwrap();
     // --plan shows the plan, exits 0 and changes nothing.
     let plan = f.ops(&["--plan", "retire", "cp-1"]).await.ok();
-    assert!(plan.stderr.contains("leave: EtcdLeaveCluster on cp-1"), "{}", plan.stderr);
+    assert!(
+        plan.stderr.contains("leave: EtcdLeaveCluster on cp-1"),
+        "{}",
+        plan.stderr
+    );
     assert_eq!(f.members().await, before);
     // A remaining voter is down.
     f.sim.cluster.power_off("cp-3").await.unwrap();

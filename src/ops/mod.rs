@@ -17,6 +17,7 @@
 //! - [`Ops::plan_join`]: wait until a new member is a healthy voter.
 
 mod cluster;
+mod guard;
 mod join;
 mod journal;
 mod lock;
@@ -33,6 +34,7 @@ use crate::Client;
 use crate::config::ResolvedContext;
 
 pub use join::JoinOptions;
+pub use guard::check_plain_reset;
 pub use journal::{Journal, OpRecord, OpState, StepRecord, StepState};
 pub use lock::ClusterLock;
 pub use retire::RetireOptions;

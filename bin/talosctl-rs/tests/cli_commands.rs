@@ -327,6 +327,8 @@ async fn reset_guards_quorum_and_waits_for_power_off() {
         refused.stderr
     );
     assert!(refused.stderr.contains("ops retire"), "{}", refused.stderr);
+    // The command the hint names exists.
+    run(&tc, &["ops", "retire", "--help"]).await.ok();
     // Nothing changed.
     run(&tc, &["-n", &n3, "version"]).await.ok();
 

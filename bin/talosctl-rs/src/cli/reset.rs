@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use talos_client::client::{ResetRequest, WipeMode};
-use talos_client::{Client, Error};
+use talos_client::Client;
 
 use super::apply::parse_go_duration;
 use super::{Global, Output, print_nodes};
@@ -47,37 +47,6 @@ fn parse_wipe_mode(value: &str) -> Result<WipeMode, String> {
         .map_err(|e: talos_client::client::UnknownVariant| e.to_string())
 }
 
-/// Refuses a non-graceful reset of a node that is still a voting etcd
-/// member: wiping it leaves a dead member that still counts for quorum.
-async fn quorum_guard(client: &Client, node: &str) -> anyhow::Result<()> {
-    let target = client.node(node);
-    let hostname = match target.hostname().await {
-        Ok(h) => h,
-        Err(_) => return Ok(()), // unreachable: the reset itself will fail
-    };
-    let members = match target.etcd_member_list(false).await {
-        Ok(m) => m,
-        Err(Error::Unimplemented(_)) => return Ok(()), // not a control-plane node
-        Err(e) => bail!(
-            "refusing a non-graceful reset of {node}: cannot tell whether it is an etcd member ({e}); pass --force to reset anyway"
-        ),
-    };
-    let voters = members.iter().filter(|m| !m.is_learner).count();
-    if members
-        .iter()
-        .any(|m| m.hostname == hostname && !m.is_learner)
-    {
-        let quorum = voters / 2 + 1;
-        bail!(
-            "refusing a non-graceful reset of {node} ({hostname}): it is still a voting etcd member. \
-             Wiping it without leaving etcd leaves a dead member that still counts: {voters} voters need {quorum} \
-             healthy, and one more failure would stop the cluster. Use `--graceful` to leave etcd first, or \
-             `talosctl-rs ops retire` (verified snapshot, forfeit, leave, reset); --force resets anyway"
-        );
-    }
-    Ok(())
-}
-
 /// Waits until the node stops answering, then (when rebooting) until it
 /// answers again.
 async fn wait_for_node(
@@ -113,7 +82,7 @@ pub async fn run(global: &Global, args: ResetArgs) -> anyhow::Result<()> {
     }
     if !args.graceful && !args.force {
         for node in &nodes {
-            quorum_guard(&client, node).await?;
+            talos_client::ops::check_plain_reset(&client, node).await?;
         }
     }
     let request = ResetRequest {

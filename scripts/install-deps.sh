@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the simulator, the tests and the benchmark need from Debian:
-# etcd (etcd-server), etcdctl (etcd-client) and GNU time. Rust (cargo) and,
+# etcd (etcd-server), etcdctl (etcd-client), GNU time and openssl (the
+# tests check that the keys the simulator writes load in OpenSSL). Rust (cargo) and,
 # for the interop tests, Go must already be on the machine.
 set -euo pipefail
 
@@ -8,6 +9,7 @@ need=()
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
 [ -x /usr/bin/time ] || need+=(time)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 
 if ((${#need[@]})); then
   sudo=""

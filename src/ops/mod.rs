@@ -33,8 +33,8 @@ use sha2::Digest as _;
 use crate::Client;
 use crate::config::ResolvedContext;
 
-pub use join::JoinOptions;
 pub use guard::check_plain_reset;
+pub use join::JoinOptions;
 pub use journal::{Journal, OpRecord, OpState, StepRecord, StepState};
 pub use lock::ClusterLock;
 pub use retire::RetireOptions;

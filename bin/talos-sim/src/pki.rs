@@ -42,14 +42,47 @@ impl std::fmt::Debug for CertAndKey {
 }
 
 /// Serializes an rcgen key with Talos's PEM label when it is Ed25519.
+/// A key as Talos writes it (pkg/machinery crypto/x509): Ed25519 keys as
+/// PKCS#8 v1 (RFC 5208: version 0, no public key inside) under the
+/// `ED25519 PRIVATE KEY` label. ring and rcgen produce v2 (RFC 5958, public
+/// key included), which OpenSSL 3.0 refuses to load.
 fn talos_key_pem(key: &KeyPair) -> String {
-    let pem = key.serialize_pem();
-    if key.algorithm() == &rcgen::PKCS_ED25519 {
-        pem.replace("BEGIN PRIVATE KEY", "BEGIN ED25519 PRIVATE KEY")
-            .replace("END PRIVATE KEY", "END ED25519 PRIVATE KEY")
-    } else {
-        pem
+    if key.algorithm() != &rcgen::PKCS_ED25519 {
+        return key.serialize_pem();
     }
+    let v2 = key.serialize_der();
+    let seed = ed25519_seed(&v2).expect("an Ed25519 PKCS#8 document holds a 32-byte seed");
+    let mut v1 = ED25519_PKCS8_V1_PREFIX.to_vec();
+    v1.extend_from_slice(seed);
+    pem_block("ED25519 PRIVATE KEY", &v1)
+}
+
+/// DER of PKCS#8 v1 for Ed25519 up to the 32-byte seed: SEQUENCE, version
+/// 0, AlgorithmIdentifier {1.3.101.112}, OCTET STRING { OCTET STRING (32) }.
+const ED25519_PKCS8_V1_PREFIX: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+
+/// The 32-byte seed of an Ed25519 PKCS#8 document (v1 or v2): the inner
+/// OCTET STRING right after the algorithm identifier.
+fn ed25519_seed(der: &[u8]) -> Option<&[u8]> {
+    const OID_AND_WRAP: [u8; 9] = [0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+    let at = der
+        .windows(OID_AND_WRAP.len())
+        .position(|w| w == OID_AND_WRAP)?;
+    der.get(at + OID_AND_WRAP.len()..at + OID_AND_WRAP.len() + 32)
+}
+
+fn pem_block(label: &str, der: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut pem = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        pem.push('\n');
+    }
+    pem.push_str(&format!("-----END {label}-----\n"));
+    pem
 }
 
 fn relabel_for_rcgen(key_pem: &str) -> String {
@@ -240,5 +273,23 @@ impl Ca {
             cert_pem: cert.pem(),
             key_pem: talos_key_pem(&key),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ed25519_keys_are_pkcs8_v1_as_talos_writes_them() {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let pem = talos_key_pem(&key);
+        assert!(
+            pem.starts_with("-----BEGIN ED25519 PRIVATE KEY-----\nMC4CAQAw"),
+            "{pem}"
+        );
+        // rcgen (ring) reads it back as the same key.
+        let again = KeyPair::from_pem(&relabel_for_rcgen(&pem)).unwrap();
+        assert_eq!(again.public_key_raw(), key.public_key_raw());
     }
 }

@@ -216,4 +216,52 @@ fn gen_certs_writes_every_file_owner_only() {
         keys += usize::from(path.extension().is_some_and(|e| e == "key"));
     }
     assert_eq!(keys, 5, "ca, server, admin, reader and etcd-backup keys");
+    every_key_loads_in_openssl(&out);
+}
+
+/// OpenSSL 3 loads each key (and each talosconfig's key) once the Talos
+/// PEM label is replaced by the standard one, as for keys from real Talos:
+/// they are PKCS#8 v1, which OpenSSL 3.0 reads, not v2, which it refuses.
+fn every_key_loads_in_openssl(dir: &Path) {
+    use base64::Engine as _;
+    let mut pems = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".key") {
+            pems.push((name, std::fs::read_to_string(&path).unwrap()));
+        } else if name.starts_with("talosconfig") {
+            let config: serde_json::Value =
+                serde_norway::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let key = config["contexts"]["sim"]["key"].as_str().unwrap();
+            let pem = base64::engine::general_purpose::STANDARD
+                .decode(key)
+                .unwrap();
+            pems.push((name, String::from_utf8(pem).unwrap()));
+        }
+    }
+    assert_eq!(pems.len(), 8, "5 key files and 3 talosconfigs");
+    let scratch = tempfile::tempdir().unwrap();
+    for (name, pem) in pems {
+        assert!(
+            pem.contains("BEGIN ED25519 PRIVATE KEY"),
+            "{name}: Talos's label"
+        );
+        let relabelled = scratch.path().join("key.pem");
+        std::fs::write(
+            &relabelled,
+            pem.replace("ED25519 PRIVATE KEY", "PRIVATE KEY"),
+        )
+        .unwrap();
+        let out = Command::new("openssl")
+            .args(["pkey", "-noout", "-in"])
+            .arg(&relabelled)
+            .output()
+            .expect("openssl is installed (scripts/install-deps.sh)");
+        assert!(
+            out.status.success(),
+            "openssl refuses {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

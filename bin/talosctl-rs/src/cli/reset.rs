@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use talos_client::client::{ResetRequest, WipeMode};
 use talos_client::Client;
+use talos_client::client::{ResetRequest, WipeMode};
 
 use super::apply::parse_go_duration;
 use super::{Global, Output, print_nodes};

@@ -71,6 +71,16 @@ pub(crate) fn unified(old: &str, new: &str) -> String {
 /// `1.5s`, `250ms`), since Talos prints try-mode timeouts that way.
 pub(crate) fn go_duration(d: std::time::Duration) -> String {
     let total = d.as_secs_f64();
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".into();
+    }
+    if nanos < 1_000 {
+        return format!("{nanos}ns");
+    }
+    if nanos < 1_000_000 {
+        return format!("{}µs", trim_float(nanos as f64 / 1e3));
+    }
     if total < 1.0 {
         let ms = d.as_secs_f64() * 1000.0;
         return format!("{}ms", trim_float(ms));
@@ -103,6 +113,10 @@ mod tests {
         assert_eq!(go_duration(Duration::from_millis(1500)), "1.5s");
         assert_eq!(go_duration(Duration::from_millis(250)), "250ms");
         assert_eq!(go_duration(Duration::from_secs(3723)), "1h2m3s");
+        // Go's time.Duration.String below a millisecond and at zero.
+        assert_eq!(go_duration(Duration::ZERO), "0s");
+        assert_eq!(go_duration(Duration::from_nanos(1500)), "1.5µs");
+        assert_eq!(go_duration(Duration::from_nanos(42)), "42ns");
     }
 
     #[test]

@@ -175,8 +175,11 @@ impl Machined {
                 if let Some(previous) = state.rollback.take() {
                     previous.abort();
                 }
-                state.active = config;
-                let task = tokio::spawn(roll_back_after(node.clone(), try_timeout));
+                // The rollback goes back to the configuration active now,
+                // which after an earlier TRY is that TRY's, not the
+                // persisted one (v1alpha1_runtime.go, RollbackToConfigAfter).
+                let before = std::mem::replace(&mut state.active, config);
+                let task = tokio::spawn(roll_back_after(node.clone(), before, try_timeout));
                 state.rollback = Some(task.abort_handle());
                 format!(
                     "Applied configuration without a reboot\nThe config is applied in 'try' mode and will be automatically reverted back in {}",
@@ -207,16 +210,14 @@ impl Machined {
     }
 }
 
-/// Restores the persisted configuration when a TRY apply was not confirmed
-/// in time (upstream's RollbackToConfigAfter).
-async fn roll_back_after(node: Arc<Node>, timeout: Duration) {
+/// Restores `previous`, the configuration active when a TRY apply started,
+/// unless it is confirmed within `timeout` (upstream's
+/// RollbackToConfigAfter); a zero timeout rolls back at once.
+async fn roll_back_after(node: Arc<Node>, previous: String, timeout: Duration) {
     tokio::time::sleep(timeout).await;
-    let persisted = node.persisted_config();
     let mut state = node.config.lock().expect("config lock");
-    if let Some(persisted) = persisted {
-        tracing::info!(node = %node.name, "rolling back the configuration applied in try mode");
-        state.active = persisted;
-    }
+    tracing::info!(node = %node.name, "rolling back the configuration applied in try mode");
+    state.active = previous;
     state.rollback = None;
 }
 
@@ -296,6 +297,21 @@ impl MachineService for Machined {
             ));
         }
         let request = request.into_inner();
+        // Talos 1.13.9 cancels a pending TRY rollback for any request that is
+        // not itself TRY, before parsing or validating it: dry runs and
+        // invalid configurations included (v1alpha1_server.go; fixed after
+        // 1.13.9, talos#14343). The simulator reports 1.13.9.
+        if request.mode != Mode::Try as i32
+            && let Some(rollback) = self
+                .node
+                .config
+                .lock()
+                .expect("config lock")
+                .rollback
+                .take()
+        {
+            rollback.abort();
+        }
         let mode = Mode::try_from(request.mode).map_err(|_| {
             Status::invalid_argument(format!("unknown apply mode {}", request.mode))
         })?;
@@ -314,8 +330,6 @@ impl MachineService for Machined {
             Mode::Reboot => (Mode::Reboot, "Applied configuration with a reboot"),
         };
         if request.dry_run {
-            // Unlike upstream (bug 14343), a dry run never confirms or
-            // cancels a pending TRY rollback.
             let active = self.node.config.lock().expect("config lock").active.clone();
             let old = diff::normalize(active.as_bytes()).unwrap_or(active);
             let mut changes = diff::unified(&old, &config);
@@ -333,11 +347,11 @@ impl MachineService for Machined {
                 }],
             });
         }
-        let try_timeout = request
-            .try_mode_timeout
-            .and_then(|d| Duration::try_from(d).ok())
-            .filter(|d| !d.is_zero())
-            .unwrap_or(DEFAULT_TRY_TIMEOUT);
+        // Unset: the default; zero: an immediate rollback, as upstream.
+        let try_timeout = match request.try_mode_timeout {
+            None => DEFAULT_TRY_TIMEOUT,
+            Some(d) => Duration::try_from(d).unwrap_or(Duration::ZERO),
+        };
         let mode_details = self.apply(config, mode, try_timeout)?;
         one(machine::ApplyConfigurationResponse {
             messages: vec![machine::ApplyConfiguration {

@@ -259,7 +259,13 @@ impl Node {
         }
     }
 
-    /// Whether a TRY apply is waiting to be confirmed or rolled back.
+    /// The machine configuration in effect (after a TRY apply: the tried
+    /// one until it is confirmed or rolled back).
+    pub fn active_config(&self) -> String {
+        self.config.lock().expect("config lock").active.clone()
+    }
+
+    /// Whether a TRY apply awaits confirmation or rollback.
     pub fn rollback_pending(&self) -> bool {
         self.config.lock().expect("config lock").rollback.is_some()
     }

@@ -95,15 +95,18 @@ async fn auto_is_reported_as_no_reboot_and_persists() {
     assert!(persisted.contains("clusterName: renamed"));
 }
 
+fn try_request(config: String, timeout: Duration) -> ApplyRequest {
+    ApplyRequest::new(config, ApplyMode::Try).with_try_timeout(timeout)
+}
+
 #[tokio::test]
-async fn try_rolls_back_after_its_timeout_unless_confirmed() {
+async fn try_rolls_back_to_the_config_active_when_it_started() {
     let sim = SimCluster::start(1).await;
     let client = sim.admin();
+    let node = sim.cluster.node("cp-1").unwrap();
+    let original = node.active_config();
     let result = client
-        .apply_configuration(
-            ApplyRequest::new(changed(&sim), ApplyMode::Try)
-                .with_try_timeout(Duration::from_secs(2)),
-        )
+        .apply_configuration(try_request(changed(&sim), Duration::from_secs(2)))
         .await
         .unwrap();
     assert_eq!(result.mode, ApplyMode::Try);
@@ -114,46 +117,88 @@ async fn try_rolls_back_after_its_timeout_unless_confirmed() {
         "{}",
         result.mode_details
     );
-    // In effect now; a dry run must not confirm it (upstream bug 14343).
-    assert!(
-        dry_run(&client, &changed(&sim))
-            .await
-            .ends_with("No changes.")
-    );
+    assert!(node.active_config().contains("clusterName: renamed"));
     wait_for("the rollback", Duration::from_secs(20), || async {
-        dry_run(&client, &changed(&sim))
-            .await
-            .contains("+  clusterName: renamed")
-            .then_some(())
+        (!node.rollback_pending()).then_some(())
     })
     .await;
+    assert_eq!(node.active_config(), original);
 
-    // Confirmed by a non-TRY apply: it stays.
-    let node = sim.cluster.node("cp-1").unwrap();
-    assert!(!node.rollback_pending());
+    // Two TRYs in a row: the second rolls back to the first's config, not to
+    // the persisted one (v1alpha1_runtime.go, RollbackToConfigAfter).
     client
-        .apply_configuration(
-            ApplyRequest::new(changed(&sim), ApplyMode::Try)
-                .with_try_timeout(Duration::from_secs(60)),
-        )
+        .apply_configuration(try_request(changed(&sim), Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let second = changed(&sim).replace("clusterName: renamed", "clusterName: again");
+    let zero = client
+        .apply_configuration(try_request(second, Duration::ZERO))
+        .await
+        .unwrap();
+    // A zero timeout rolls back at once, formatted as Go formats it.
+    assert!(
+        zero.mode_details.ends_with("reverted back in 0s"),
+        "{}",
+        zero.mode_details
+    );
+    wait_for(
+        "the immediate rollback",
+        Duration::from_secs(10),
+        || async { (!node.rollback_pending()).then_some(()) },
+    )
+    .await;
+    assert!(
+        node.active_config().contains("clusterName: renamed"),
+        "back to the first TRY's config"
+    );
+}
+
+#[tokio::test]
+async fn any_non_try_request_cancels_a_pending_rollback_even_a_dry_run() {
+    // Talos 1.13.9's quirk (talos#14343): the simulator reports 1.13.9.
+    let sim = SimCluster::start(1).await;
+    let client = sim.admin();
+    let node = sim.cluster.node("cp-1").unwrap();
+    client
+        .apply_configuration(try_request(changed(&sim), Duration::from_secs(60)))
         .await
         .unwrap();
     assert!(node.rollback_pending());
-    dry_run(&client, &changed(&sim)).await;
-    assert!(
-        node.rollback_pending(),
-        "a dry run must not confirm a TRY apply"
-    );
-    client
-        .apply_configuration(ApplyRequest::new(changed(&sim), ApplyMode::NoReboot))
-        .await
-        .unwrap();
-    assert!(!node.rollback_pending(), "the non-TRY apply confirmed it");
     assert!(
         dry_run(&client, &changed(&sim))
             .await
             .ends_with("No changes.")
     );
+    assert!(
+        !node.rollback_pending(),
+        "the dry run cancelled the rollback"
+    );
+    assert!(node.active_config().contains("clusterName: renamed"));
+
+    // Even an invalid request does, before it is rejected.
+    client
+        .apply_configuration(try_request(changed(&sim), Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let invalid = client
+        .apply_configuration(ApplyRequest::new("not: [a config", ApplyMode::NoReboot))
+        .await;
+    assert!(invalid.is_err());
+    assert!(
+        !node.rollback_pending(),
+        "the invalid request cancelled it too"
+    );
+
+    // A TRY does not cancel: it replaces the pending one.
+    client
+        .apply_configuration(try_request(changed(&sim), Duration::from_secs(60)))
+        .await
+        .unwrap();
+    client
+        .apply_configuration(try_request(changed(&sim), Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert!(node.rollback_pending());
 }
 
 #[tokio::test]

@@ -28,6 +28,14 @@ pub enum Request {
         /// Bytes per value.
         value_size: usize,
     },
+    /// Make the next snapshot from `node` end early (status OK) after
+    /// `after_bytes`, as Talos does when reading etcd fails part-way.
+    FailNextSnapshot {
+        /// The node's name.
+        node: String,
+        /// Bytes sent before the fault.
+        after_bytes: u64,
+    },
 }
 
 /// The simulator's answer to one [`Request`].
@@ -46,6 +54,8 @@ pub enum Reply {
     },
     /// The keys were written.
     Filled,
+    /// The fault is armed.
+    Armed,
     /// The request failed or was not understood.
     Error {
         /// Why.
@@ -94,6 +104,15 @@ async fn carry_out(shared: &std::sync::Arc<Shared>, request: Request) -> Reply {
         },
         Request::Nodes => Reply::Nodes {
             nodes: shared.node_infos(),
+        },
+        Request::FailNextSnapshot { node, after_bytes } => match shared.find(&node) {
+            Some(n) => {
+                n.fail_next_snapshot_after(after_bytes);
+                Reply::Armed
+            }
+            None => Reply::Error {
+                message: format!("no node {node:?}"),
+            },
         },
         Request::Fill { count, value_size } => {
             match shared.fill("/talos-sim/fill/", count, value_size).await {

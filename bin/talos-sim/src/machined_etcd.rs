@@ -158,31 +158,39 @@ pub(crate) async fn snapshot(
         .snapshot(&url)
         .await
         .map_err(|s| failed("failed reading etcd snapshot", &s))?;
+    let mut fault = node.take_snapshot_fault();
+    let name = node.name.clone();
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
+        // A read error ends the stream early with status OK: upstream's
+        // chunker (pkg/chunker/stream) logs it and closes the channel, and
+        // the handler returns nil. The client sees a short snapshot.
+        let read_error = |error: &str| {
+            tracing::warn!(node = %name, %error, "snapshot read error: ending the stream");
+        };
         while let Some(item) = upstream.next().await {
-            match item {
-                Ok(response) => {
-                    let blob: Bytes = response.blob;
-                    let mut offset = 0;
-                    while offset < blob.len() {
-                        let end = (offset + SNAPSHOT_CHUNK).min(blob.len());
-                        let data = common::Data {
-                            metadata: None,
-                            bytes: blob.slice(offset..end),
-                        };
-                        if tx.send(Ok(data)).await.is_err() {
-                            return; // the client went away
-                        }
-                        offset = end;
+            let blob: Bytes = match item {
+                Ok(response) => response.blob,
+                Err(status) => return read_error(status.message()),
+            };
+            let mut offset = 0;
+            while offset < blob.len() {
+                let mut end = (offset + SNAPSHOT_CHUNK).min(blob.len());
+                if let Some(left) = fault.as_mut() {
+                    if *left == 0 {
+                        return read_error("simulated read error");
                     }
+                    end = end.min(offset + *left as usize);
+                    *left -= (end - offset) as u64;
                 }
-                Err(status) => {
-                    let _ = tx
-                        .send(Err(failed("failed reading etcd snapshot", &status)))
-                        .await;
-                    return;
+                let data = common::Data {
+                    metadata: None,
+                    bytes: blob.slice(offset..end),
+                };
+                if tx.send(Ok(data)).await.is_err() {
+                    return; // the client went away
                 }
+                offset = end;
             }
         }
     });

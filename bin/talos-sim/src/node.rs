@@ -74,6 +74,8 @@ pub struct Node {
     front: Mutex<Option<CancellationToken>>,
     events: Mutex<Vec<ServiceEvent>>,
     pub(crate) reset_lock: tokio::sync::Mutex<()>,
+    /// A read fault armed for the next snapshot: bytes sent before it.
+    snapshot_fault: Mutex<Option<u64>>,
 }
 
 /// Where each node keeps its files.
@@ -111,6 +113,7 @@ impl Node {
             front: Mutex::new(None),
             events: Mutex::new(Vec::new()),
             reset_lock: tokio::sync::Mutex::new(()),
+            snapshot_fault: Mutex::new(None),
         };
         for label in SYSTEM_VOLUMES {
             let path = node.volume(label);
@@ -257,6 +260,17 @@ impl Node {
             process.stop().await;
             self.record("Service finished successfully", "Finished");
         }
+    }
+
+    /// Makes the next EtcdSnapshot from this node fail to read etcd after
+    /// `bytes` bytes, which Talos answers by ending the stream early with
+    /// status OK (a truncated snapshot only a content check notices).
+    pub fn fail_next_snapshot_after(&self, bytes: u64) {
+        *self.snapshot_fault.lock().expect("fault lock") = Some(bytes);
+    }
+
+    pub(crate) fn take_snapshot_fault(&self) -> Option<u64> {
+        self.snapshot_fault.lock().expect("fault lock").take()
     }
 
     /// The machine configuration in effect (after a TRY apply: the tried

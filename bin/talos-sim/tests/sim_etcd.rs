@@ -324,3 +324,25 @@ async fn forfeit_picks_the_first_other_member_even_a_learner() {
     etcd.member_remove(learner).await.unwrap();
     assert!(!forfeit_follows_upstreams_rule(&sim, &etcd).await);
 }
+
+#[tokio::test]
+async fn a_snapshot_read_error_ends_the_stream_with_status_ok() {
+    // Upstream's chunker logs the read error and closes the stream: the
+    // call succeeds with a short snapshot (pkg/chunker/stream).
+    let sim = SimCluster::start(1).await;
+    sim.cluster.fill("/registry/x/", 100, 4096).await.unwrap();
+    let node = sim.cluster.node("cp-1").unwrap();
+    node.fail_next_snapshot_after(10_000);
+    let stream = sim.admin().node(sim.ip(1)).etcd_snapshot().await.unwrap();
+    let path = sim.dir.path().join("short.db");
+    let size = talos_test_support::stream_to_file(stream, &path)
+        .await
+        .expect("no error reaches the client");
+    assert_eq!(size, 10_000);
+    // The fault was for one snapshot only.
+    let stream = sim.admin().node(sim.ip(1)).etcd_snapshot().await.unwrap();
+    let whole = talos_test_support::stream_to_file(stream, &path)
+        .await
+        .unwrap();
+    assert_eq!(whole % 512, 32);
+}

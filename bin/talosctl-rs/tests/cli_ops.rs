@@ -399,3 +399,66 @@ async fn crash_while_waiting_for_silence() {
 async fn crash_before_the_forfeit() {
     crash_and_resume("started:forfeit").await;
 }
+
+#[tokio::test]
+async fn a_snapshot_cut_short_with_status_ok_is_rejected_and_leaves_nothing() {
+    // Talos ends the stream with status OK when reading etcd fails part-way
+    // (pkg/chunker/stream): only a content check notices.
+    let f = Fixture::start(1).await;
+    f.sim
+        .cluster
+        .fill("/registry/test/", 200, 4096)
+        .await
+        .unwrap();
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    let dir = f.state.path().join("cut");
+    std::fs::create_dir_all(&dir).unwrap();
+
+    node.fail_next_snapshot_after(64 * 1024);
+    let path = dir.join("etcd.db");
+    let cut = run(
+        &f.talosconfig(),
+        &[
+            "-n",
+            &f.sim.ip(1),
+            "etcd",
+            "snapshot",
+            path.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(cut.code, 1, "{}", cut.stderr);
+    assert!(!path.exists(), "nothing under the final name");
+    assert!(!dir.join("etcd.db.json").exists());
+
+    node.fail_next_snapshot_after(64 * 1024);
+    let ops_dir = dir.join("ops");
+    let failed = f
+        .ops(&["snapshot", "--dir", ops_dir.to_str().unwrap()])
+        .await;
+    assert_eq!(failed.code, 1, "{}", failed.stderr);
+    assert!(failed.stderr.contains("snapshot"), "{}", failed.stderr);
+    let finals: Vec<_> = std::fs::read_dir(&ops_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".db") || n.ends_with(".json"))
+        .collect();
+    assert!(finals.is_empty(), "{finals:?}");
+
+    // Unarmed, the same commands succeed.
+    run(
+        &f.talosconfig(),
+        &[
+            "-n",
+            &f.sim.ip(1),
+            "etcd",
+            "snapshot",
+            path.to_str().unwrap(),
+        ],
+    )
+    .await
+    .ok();
+    f.ops(&["snapshot", "--dir", ops_dir.to_str().unwrap()])
+        .await
+        .ok();
+}

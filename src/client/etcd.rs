@@ -310,6 +310,23 @@ impl Client<One> {
         })
     }
 
+    /// Streams a file from the node (MachineService `Read`, admin only),
+    /// e.g. `/system/state/config.yaml`, its persisted machine
+    /// configuration. A missing file fails with [`Error::NotFound`].
+    pub async fn read(&self, path: &str) -> Result<ByteStream> {
+        let (_, transport, node) = self.transport(&self.target, None).await?;
+        let response = machine_stub(transport)
+            .read(machine::ReadRequest {
+                path: path.to_string(),
+            })
+            .await
+            .map_err(|s| Error::from_status(&s, Some(&node)))?;
+        Ok(ByteStream {
+            inner: response.into_inner(),
+            node,
+        })
+    }
+
     /// Uploads a snapshot for a later [`bootstrap`](Client::bootstrap) with
     /// `recover_etcd`.
     pub async fn etcd_recover<St>(&self, chunks: St) -> Result<()>

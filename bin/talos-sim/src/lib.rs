@@ -28,6 +28,7 @@ mod dial;
 mod diff;
 pub mod etcd_client;
 pub mod etcd_process;
+mod files;
 mod front;
 mod health;
 mod kubeconfig;

@@ -488,6 +488,25 @@ impl MachineService for Machined {
         })
     }
 
+    async fn read(
+        &self,
+        request: Request<machine::ReadRequest>,
+    ) -> Result<Response<BoxStream<common::Data>>, Status> {
+        authorize(&request, "Read")?;
+        let path = request.into_inner().path;
+        let bytes = crate::files::read(&self.node, &path)?;
+        let chunks: Vec<Result<common::Data, Status>> = bytes
+            .chunks(crate::machined_etcd::SNAPSHOT_CHUNK)
+            .map(|c| {
+                Ok(common::Data {
+                    metadata: None,
+                    bytes: bytes::Bytes::copy_from_slice(c),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+    }
+
     async fn kubeconfig(
         &self,
         request: Request<()>,

@@ -263,3 +263,61 @@ async fn no_free_ports_is_an_error_not_a_hang() {
         Ok(_) => panic!("a cluster started on addresses this machine lacks"),
     }
 }
+
+async fn read_all(
+    client: &talos_client::Client<talos_client::One>,
+    path: &str,
+) -> Result<Vec<u8>, talos_client::Error> {
+    use futures::StreamExt as _;
+    let mut stream = client.read(path).await?;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        bytes.extend_from_slice(&chunk?);
+    }
+    Ok(bytes)
+}
+
+#[tokio::test]
+async fn read_serves_the_persisted_config_as_machined_does() {
+    let sim = SimCluster::start(1).await;
+    let client = sim.admin().node(sim.ip(1));
+    let node = sim.cluster.node("cp-1").unwrap();
+    let config = read_all(&client, "/system/state/config.yaml")
+        .await
+        .unwrap();
+    assert_eq!(config, std::fs::read(node.config_path()).unwrap());
+    // After an apply, the new config.
+    sim.admin()
+        .apply_configuration(ApplyRequest::new(changed(&sim), ApplyMode::NoReboot))
+        .await
+        .unwrap();
+    let config = read_all(&client, "/system/state/config.yaml")
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8(config)
+            .unwrap()
+            .contains("clusterName: renamed")
+    );
+    match read_all(&client, "/system/state/nope.yaml").await {
+        Err(talos_client::Error::NotFound(f)) => {
+            assert!(
+                f.message
+                    .contains("stat /system/state/nope.yaml: no such file or directory"),
+                "{f}"
+            )
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    let dir = read_all(&client, "/system/state").await.unwrap_err();
+    assert!(
+        dir.to_string().contains("path must be a regular file"),
+        "{dir}"
+    );
+    // Admin only.
+    let reader = sim.client_from("talosconfig-reader").node(sim.ip(1));
+    assert!(matches!(
+        read_all(&reader, "/system/state/config.yaml").await,
+        Err(talos_client::Error::PermissionDenied(_))
+    ));
+}

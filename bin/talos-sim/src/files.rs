@@ -1,0 +1,28 @@
+//! Files a simulated node serves through MachineService `Read`, as
+//! machined's Read handler does (internal/app/machined/internal/server/
+//! v1alpha1/v1alpha1_server.go): a missing path is NotFound with Go's
+//! `stat` text, anything but a regular file fails. Only the STATE volume is
+//! simulated: `/system/state/config.yaml` is the node's persisted machine
+//! configuration.
+
+use tonic::Status;
+
+use crate::node::Node;
+
+/// The bytes of `path` on `node`.
+pub(crate) fn read(node: &Node, path: &str) -> Result<Vec<u8>, Status> {
+    let missing = || Status::not_found(format!("stat {path}: no such file or directory"));
+    let Some(rest) = path.strip_prefix("/system/state") else {
+        return Err(missing());
+    };
+    let relative = rest.trim_start_matches('/');
+    if relative.split('/').any(|part| part == "..") {
+        return Err(missing());
+    }
+    let local = node.volume("STATE").join(relative);
+    let meta = std::fs::metadata(&local).map_err(|_| missing())?;
+    if !meta.is_file() {
+        return Err(Status::unknown("path must be a regular file"));
+    }
+    std::fs::read(&local).map_err(|e| Status::unknown(format!("open {path}: {e}")))
+}

@@ -573,15 +573,28 @@ fn new_id() -> String {
     hasher.write_i128(now.unix_timestamp_nanos());
     hasher.write_u32(std::process::id());
     format!(
-        "{:04}{:02}{:02}T{:02}{:02}{:02}-{:06x}",
-        now.year(),
-        u8::from(now.month()),
-        now.day(),
-        now.hour(),
-        now.minute(),
-        now.second(),
+        "{}-{:06x}",
+        compact_utc(now, false),
         hasher.finish() & 0xff_ffff
     )
+}
+
+/// `YYYYMMDDTHHMMSS` (with `.mmm` when `millis`), for sortable names.
+fn compact_utc(t: time::OffsetDateTime, millis: bool) -> String {
+    let base = format!(
+        "{:04}{:02}{:02}T{:02}{:02}{:02}",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    );
+    if millis {
+        format!("{base}.{:03}", t.millisecond())
+    } else {
+        base
+    }
 }
 
 fn fact<'a>(facts: &'a serde_json::Map<String, serde_json::Value>, key: &str) -> &'a str {

@@ -109,16 +109,7 @@ impl Ops {
             source,
         })?;
         let now = time::OffsetDateTime::now_utc();
-        let stamp = format!(
-            "{:04}{:02}{:02}T{:02}{:02}{:02}.{:03}Z",
-            now.year(),
-            u8::from(now.month()),
-            now.day(),
-            now.hour(),
-            now.minute(),
-            now.second(),
-            now.millisecond()
-        );
+        let stamp = format!("{}Z", super::compact_utc(now, true));
         let base = format!("{}-{stamp}", safe_name(&self.context));
         let taking = dir.join(format!("{base}{EXT}"));
         let stream = self.client.node(address).etcd_snapshot().await?;

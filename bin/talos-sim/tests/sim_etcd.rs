@@ -174,28 +174,12 @@ async fn an_added_node_joins_as_learner_and_is_promoted() {
     );
 }
 
-/// The address of the node that currently leads, found through every
-/// node's status. Which node wins an election is etcd's choice, so tests ask
-/// rather than assume.
-async fn current_leader(sim: &SimCluster, nodes: usize) -> String {
-    let client = sim.admin();
-    wait_for("a leader", Duration::from_secs(30), || async {
-        for i in 1..=nodes {
-            if client.node(sim.ip(i)).etcd_status().await.ok()?.is_leader() {
-                return Some(sim.ip(i));
-            }
-        }
-        None
-    })
-    .await
-}
-
 #[tokio::test]
 async fn membership_changes_right_after_the_leader_leaves_are_answered() {
     let sim = SimCluster::start(3).await;
     let client = sim.admin();
     // Whichever node leads is the one that leaves.
-    let leader_ip = current_leader(&sim, 3).await;
+    let leader_ip = sim.leader().await;
     let leader = client.node(leader_ip.as_str());
     let survivor = (1..=3)
         .map(|i| sim.ip(i))
@@ -240,7 +224,7 @@ async fn forfeit_follows_upstreams_rule(
     sim: &SimCluster,
     etcd: &talos_sim::etcd_client::EtcdClient,
 ) -> bool {
-    let leader_ip = current_leader(sim, 3).await;
+    let leader_ip = sim.leader().await;
     let leader = sim.admin().node(leader_ip.as_str());
     let before = leader.etcd_status().await.unwrap();
     let mut members = etcd.member_list().await.unwrap();

@@ -66,26 +66,6 @@ impl Fixture {
         members
     }
 
-    /// The address of whichever node leads.
-    async fn leader(&self, nodes: usize) -> String {
-        let client = self.sim.admin();
-        wait_for("a leader", Duration::from_secs(30), || async {
-            for i in 1..=nodes {
-                if client
-                    .node(self.sim.ip(i))
-                    .etcd_status()
-                    .await
-                    .ok()?
-                    .is_leader()
-                {
-                    return Some(self.sim.ip(i));
-                }
-            }
-            None
-        })
-        .await
-    }
-
     /// After a retire of `address`: two healthy voters, the node silent.
     async fn assert_retired(&self, address: &str) {
         let client = self.sim.admin();
@@ -132,7 +112,7 @@ async fn retire_of_the_leader_forfeits_leaves_resets_and_reports_the_gap() {
         .fill("/registry/test/", 50, 256)
         .await
         .unwrap();
-    let leader = f.leader(3).await;
+    let leader = f.sim.leader().await;
     let run = f.ops(&["--yes", "retire", &leader]).await.ok();
     let record = run.json();
     assert_eq!(record["state"], "succeeded", "{record}");

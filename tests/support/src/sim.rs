@@ -39,6 +39,28 @@ impl SimCluster {
         self.client_from("talosconfig")
     }
 
+    /// The address of the node that currently leads, asked of every node
+    /// (which node wins an election is etcd's choice).
+    pub async fn leader(&self) -> String {
+        let client = self.admin();
+        let count = self.cluster.nodes().len();
+        wait_for("a leader", Duration::from_secs(30), || async {
+            for i in 1..=count {
+                if client
+                    .node(self.ip(i))
+                    .etcd_status()
+                    .await
+                    .ok()?
+                    .is_leader()
+                {
+                    return Some(self.ip(i));
+                }
+            }
+            None
+        })
+        .await
+    }
+
     /// The address of node `i` (from 1).
     pub fn ip(&self, i: usize) -> String {
         self.cluster.nodes()[i - 1].ip.to_string()

@@ -78,7 +78,11 @@ func (d *driver) applyDryRun(ctx context.Context) error {
 // is sent while the rollback is pending: upstream bug 14343 makes a dry run
 // cancel it there.)
 func (d *driver) applyTry(ctx context.Context) error {
-	const timeout = 2 * time.Second
+	const (
+		timeout = 2 * time.Second
+		// How late the node's rollback timer may fire on a loaded machine.
+		rollbackMargin = 5 * time.Second
+	)
 
 	changed, err := d.withClusterName("interop-try")
 	if err != nil {
@@ -103,11 +107,13 @@ func (d *driver) applyTry(ctx context.Context) error {
 		return fmt.Errorf("answer mode %v, details %q; want TRY", m.Mode, m.ModeDetails)
 	}
 
-	// The rollback is a timer on the node: nothing to poll before it fires.
+	// The rollback is a timer on the node: nothing to poll before it fires,
+	// and no dry run may be sent while it is pending (in 1.13.9 that
+	// cancels it), so wait well past the timeout before the first one.
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-time.After(time.Until(started.Add(timeout))):
+	case <-time.After(time.Until(started.Add(timeout + rollbackMargin))):
 	}
 
 	return eventually(ctx, 20*time.Second, "the TRY config to be rolled back", func() error {

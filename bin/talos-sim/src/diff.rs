@@ -2,31 +2,138 @@
 //! ApplyConfiguration.
 
 use serde::Deserialize as _;
+use serde_norway::{Mapping, Value};
 use tonic::Status;
 
-/// Parses machine configuration YAML (one or more documents) and returns it
-/// re-encoded, so that diffs compare content rather than formatting (upstream
-/// re-encodes both sides before diffing, pkg/machinery/config/configdiff).
+/// Field order of the v1alpha1 document, its `machine` and its `cluster`
+/// sections, as upstream's typed config encodes them (the struct order of
+/// pkg/machinery/config/types/v1alpha1/v1alpha1_types.go in v1.13.9).
+const V1ALPHA1_ORDER: &[&str] = &["version", "debug", "persist", "machine", "cluster"];
+const MACHINE_ORDER: &[&str] = &[
+    "type",
+    "token",
+    "ca",
+    "acceptedCAs",
+    "certSANs",
+    "controlPlane",
+    "kubelet",
+    "pods",
+    "network",
+    "disks",
+    "install",
+    "files",
+    "env",
+    "time",
+    "sysctls",
+    "sysfs",
+    "registries",
+    "systemDiskEncryption",
+    "features",
+    "udev",
+    "logging",
+    "kernel",
+    "seccompProfiles",
+    "baseRuntimeSpecOverrides",
+    "nodeLabels",
+    "nodeAnnotations",
+    "nodeTaints",
+];
+const CLUSTER_ORDER: &[&str] = &[
+    "id",
+    "secret",
+    "controlPlane",
+    "clusterName",
+    "network",
+    "token",
+    "aescbcEncryptionSecret",
+    "secretboxEncryptionSecret",
+    "ca",
+    "acceptedCAs",
+    "aggregatorCA",
+    "serviceAccount",
+    "apiServer",
+    "controllerManager",
+    "proxy",
+    "scheduler",
+    "discovery",
+    "etcd",
+    "coreDNS",
+    "externalCloudProvider",
+    "extraManifests",
+    "extraManifestHeaders",
+    "inlineManifests",
+    "adminKubeconfig",
+    "allowSchedulingOnMasters",
+    "allowSchedulingOnControlPlanes",
+];
+/// The header fields every other document starts with (meta.Meta).
+const DOCUMENT_ORDER: &[&str] = &["apiVersion", "kind", "name"];
+
+/// A parsed machine configuration: the v1alpha1 document and the others,
+/// in their canonical order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct MachineConfig {
+    /// The v1alpha1 document.
+    pub v1alpha1: Value,
+    /// The other documents, in the order given.
+    pub documents: Vec<Value>,
+}
+
+impl MachineConfig {
+    /// Encodes the configuration as upstream's container does: v1alpha1
+    /// first, then the other documents, separated by `---`
+    /// (pkg/machinery/config/container/container.go).
+    pub(crate) fn encode(&self) -> String {
+        let mut out = encode_document(&self.v1alpha1);
+        for document in &self.documents {
+            out.push_str("---\n");
+            out.push_str(&encode_document(document));
+        }
+        out
+    }
+
+    /// The v1alpha1 document alone, encoded.
+    pub(crate) fn encode_v1alpha1(&self) -> String {
+        encode_document(&self.v1alpha1)
+    }
+}
+
+fn encode_document(document: &Value) -> String {
+    serde_norway::to_string(document).expect("YAML values serialize")
+}
+
+/// Parses machine configuration YAML (one or more documents) into its typed
+/// form: keys in the order upstream's typed config encodes them, so that a
+/// reordered file is the same configuration (upstream re-encodes both sides
+/// before diffing, pkg/machinery/config/configdiff). Struct fields whose
+/// order the simulator does not know are sorted by name, which is also how
+/// Go encodes maps.
 ///
 /// Invalid YAML, a missing v1alpha1 document or a machine type other than
 /// controlplane fail with InvalidArgument, as upstream's validation does.
-pub(crate) fn normalize(yaml: &[u8]) -> Result<String, Status> {
+pub(crate) fn parse(yaml: &[u8]) -> Result<MachineConfig, Status> {
+    let mut v1alpha1 = None;
     let mut documents = Vec::new();
     for document in serde_norway::Deserializer::from_slice(yaml) {
-        let value = serde_norway::Value::deserialize(document)
+        let value = Value::deserialize(document)
             .map_err(|e| Status::invalid_argument(format!("failed to parse config: {e}")))?;
-        if !value.is_null() {
-            documents.push(value);
+        if value.is_null() {
+            continue;
+        }
+        if value.get("version").and_then(|v| v.as_str()) == Some("v1alpha1") {
+            if v1alpha1.is_some() {
+                return Err(Status::invalid_argument("duplicate v1alpha1.Config"));
+            }
+            v1alpha1 = Some(canonical_v1alpha1(value));
+        } else {
+            documents.push(canonical(value, DOCUMENT_ORDER));
         }
     }
-    let v1alpha1 = documents
-        .iter()
-        .find(|d| d.get("version").and_then(|v| v.as_str()) == Some("v1alpha1"))
-        .ok_or_else(|| {
-            Status::invalid_argument(
-                "the applied machine configuration doesn't contain v1alpha1 config, did you mean to patch the machine config instead?",
-            )
-        })?;
+    let v1alpha1 = v1alpha1.ok_or_else(|| {
+        Status::invalid_argument(
+            "the applied machine configuration doesn't contain v1alpha1 config, did you mean to patch the machine config instead?",
+        )
+    })?;
     match v1alpha1
         .get("machine")
         .and_then(|m| m.get("type"))
@@ -44,27 +151,106 @@ pub(crate) fn normalize(yaml: &[u8]) -> Result<String, Status> {
             ));
         }
     }
-    let mut out = String::new();
-    for (i, document) in documents.iter().enumerate() {
-        if i > 0 {
-            out.push_str("---\n");
-        }
-        out.push_str(&serde_norway::to_string(document).expect("YAML values serialize"));
-    }
-    Ok(out)
+    Ok(MachineConfig {
+        v1alpha1,
+        documents,
+    })
 }
 
-/// A unified diff of two configurations with `a`/`b` headers, as upstream's
-/// pkg/machinery/textdiff produces; empty when they are equal.
+/// Parses and re-encodes a configuration (see [`parse`]).
+pub(crate) fn normalize(yaml: &[u8]) -> Result<String, Status> {
+    parse(yaml).map(|c| c.encode())
+}
+
+fn canonical_v1alpha1(value: Value) -> Value {
+    let Value::Mapping(map) = value else {
+        return value;
+    };
+    let map = map
+        .into_iter()
+        .map(|(key, value)| {
+            let value = match key.as_str() {
+                Some("machine") => canonical(value, MACHINE_ORDER),
+                Some("cluster") => canonical(value, CLUSTER_ORDER),
+                _ => sorted(value),
+            };
+            (key, value)
+        })
+        .collect();
+    order(map, V1ALPHA1_ORDER)
+}
+
+/// A mapping with the keys of `known` first, in that order, then the rest
+/// by name; nested mappings sorted by name.
+fn canonical(value: Value, known: &[&str]) -> Value {
+    match value {
+        Value::Mapping(map) => order(
+            map.into_iter().map(|(k, v)| (k, sorted(v))).collect(),
+            known,
+        ),
+        other => other,
+    }
+}
+
+fn sorted(value: Value) -> Value {
+    canonical(value, &[])
+}
+
+fn order(map: Mapping, known: &[&str]) -> Value {
+    let mut entries: Vec<(Value, Value)> = map.into_iter().collect();
+    let rank = |key: &Value| {
+        let name = key.as_str().unwrap_or_default();
+        match known.iter().position(|k| *k == name) {
+            Some(i) => (0, i, String::new()),
+            None => (1, 0, serde_norway::to_string(key).unwrap_or_default()),
+        }
+    };
+    entries.sort_by_cached_key(|(key, _)| rank(key));
+    Value::Mapping(entries.into_iter().collect())
+}
+
+/// A unified diff of two configurations as upstream's
+/// pkg/machinery/textdiff produces it: `--- a` / `+++ b` headers, three
+/// lines of context and hunk headers that always carry both counts
+/// (`@@ -1,1 +0,0 @@`); empty when they are equal.
 pub(crate) fn unified(old: &str, new: &str) -> String {
+    use std::fmt::Write as _;
     if old == new {
         return String::new();
     }
-    similar::TextDiff::from_lines(old, new)
-        .unified_diff()
-        .context_radius(3)
-        .header("a", "b")
-        .to_string()
+    let diff = similar::TextDiff::from_lines(old, new);
+    let mut out = String::from("--- a\n+++ b\n");
+    for group in diff.grouped_ops(3) {
+        let (Some(first), Some(last)) = (group.first(), group.last()) else {
+            continue;
+        };
+        let old_range = first.old_range().start..last.old_range().end;
+        let new_range = first.new_range().start..last.new_range().end;
+        let start = |r: &std::ops::Range<usize>| if r.is_empty() { 0 } else { r.start + 1 };
+        let _ = writeln!(
+            out,
+            "@@ -{},{} +{},{} @@",
+            start(&old_range),
+            old_range.len(),
+            start(&new_range),
+            new_range.len()
+        );
+        for op in &group {
+            for change in diff.iter_changes(op) {
+                let sign = match change.tag() {
+                    similar::ChangeTag::Equal => ' ',
+                    similar::ChangeTag::Delete => '-',
+                    similar::ChangeTag::Insert => '+',
+                };
+                out.push(sign);
+                out.push_str(change.value());
+                if change.missing_newline() {
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Formats a duration as Go's `time.Duration.String` does (`1m0s`, `30s`,
@@ -125,6 +311,51 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         let err = normalize(b"version: v1alpha1\nmachine: [\n").unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn key_order_does_not_matter() {
+        // Upstream re-encodes through its typed config, so a reordered file
+        // is the same configuration.
+        let a = normalize(
+            b"version: v1alpha1\nmachine:\n  type: controlplane\n  token: t\ncluster:\n  clusterName: c\n  network:\n    dnsDomain: d\n    podSubnets: [x]\n",
+        )
+        .unwrap();
+        let b = normalize(
+            b"cluster:\n  network:\n    podSubnets: [x]\n    dnsDomain: d\n  clusterName: c\nmachine:\n  token: t\n  type: controlplane\nversion: v1alpha1\n",
+        )
+        .unwrap();
+        assert_eq!(a, b);
+        assert!(
+            a.starts_with("version: v1alpha1\nmachine:\n  type: controlplane\n"),
+            "{a}"
+        );
+        // Other documents follow v1alpha1 whatever the input order.
+        let c = normalize(
+            b"kind: Layer2VIPConfig\nname: v\napiVersion: v1alpha1\n---\nversion: v1alpha1\nmachine: {type: controlplane}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c,
+            "version: v1alpha1\nmachine:\n  type: controlplane\n---\napiVersion: v1alpha1\nkind: Layer2VIPConfig\nname: v\n"
+        );
+    }
+
+    #[test]
+    fn hunk_headers_always_carry_counts() {
+        // As pkg/machinery/textdiff prints them (checked against its myers
+        // formatter): an empty side starts at 0.
+        assert_eq!(
+            unified("a\n", "a\nb\n"),
+            "--- a\n+++ b\n@@ -1,1 +1,2 @@\n a\n+b\n"
+        );
+        assert_eq!(unified("", "x\n"), "--- a\n+++ b\n@@ -0,0 +1,1 @@\n+x\n");
+        assert_eq!(unified("x\n", ""), "--- a\n+++ b\n@@ -1,1 +0,0 @@\n-x\n");
+        let old = "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\n";
+        assert_eq!(
+            unified(old, &old.replace('f', "F")),
+            "--- a\n+++ b\n@@ -3,7 +3,7 @@\n c\n d\n e\n-f\n+F\n g\n h\n i\n"
+        );
     }
 
     #[test]

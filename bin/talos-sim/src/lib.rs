@@ -31,6 +31,7 @@ pub mod etcd_process;
 mod files;
 mod front;
 mod health;
+mod immediate;
 mod kubeconfig;
 mod lifecycle;
 mod machined;

@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 use super::auth::authorize;
 use super::cluster::Shared;
 use super::diff;
+use super::immediate;
 use super::machined_etcd as etcd;
 use super::node::{Node, SYSTEM_VOLUMES};
 use crate::api::cluster::{HealthCheckProgress, HealthCheckRequest};
@@ -315,22 +316,37 @@ impl MachineService for Machined {
         let mode = Mode::try_from(request.mode).map_err(|_| {
             Status::invalid_argument(format!("unknown apply mode {}", request.mode))
         })?;
-        let config = diff::normalize(&request.data)?;
-        // A simulated node can always apply without a reboot, so AUTO is
-        // reported as NO_REBOOT (as Talos 1.14 reports the mode it chose).
+        let config = diff::parse(&request.data)?;
+        let active = self.node.config.lock().expect("config lock").active.clone();
+        let current = diff::parse(active.as_bytes());
+        // Whether the change can take effect without a reboot decides the
+        // mode, as upstream's ApplyConfiguration does (v1alpha1_server.go,
+        // CanApplyImmediate in v1alpha1_runtime.go).
+        let immediate = || match &current {
+            Ok(current) => immediate::check(current, &config),
+            Err(_) => Ok(()),
+        };
+        let mut mode_error = String::new();
         let (mode, details) = match mode {
-            Mode::Auto | Mode::NoReboot => {
-                (Mode::NoReboot, "Applied configuration without a reboot")
+            Mode::Try | Mode::NoReboot => {
+                immediate().map_err(Status::invalid_argument)?;
+                (mode, "Applied configuration without a reboot")
             }
-            Mode::Try => (Mode::Try, "Applied configuration without a reboot"),
+            Mode::Auto => match immediate() {
+                Ok(()) => (Mode::NoReboot, "Applied configuration without a reboot"),
+                Err(e) => {
+                    mode_error = format!(": {e}");
+                    (Mode::Reboot, "Applied configuration with a reboot")
+                }
+            },
             Mode::Staged => (
                 Mode::Staged,
                 "Staged configuration to be applied after the next reboot",
             ),
             Mode::Reboot => (Mode::Reboot, "Applied configuration with a reboot"),
         };
+        let config = config.encode();
         if request.dry_run {
-            let active = self.node.config.lock().expect("config lock").active.clone();
             let old = diff::normalize(active.as_bytes()).unwrap_or(active);
             let mut changes = diff::unified(&old, &config);
             if changes.is_empty() {
@@ -352,7 +368,7 @@ impl MachineService for Machined {
             None => DEFAULT_TRY_TIMEOUT,
             Some(d) => Duration::try_from(d).unwrap_or(Duration::ZERO),
         };
-        let mode_details = self.apply(config, mode, try_timeout)?;
+        let mode_details = self.apply(config, mode, try_timeout)? + &mode_error;
         one(machine::ApplyConfigurationResponse {
             messages: vec![machine::ApplyConfiguration {
                 metadata: None,

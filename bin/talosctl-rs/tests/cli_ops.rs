@@ -3,105 +3,45 @@
 //! operation per cluster, and a crash at every step of a retire followed by
 //! `ops show` and `ops resume`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use talos_test_support::cli::{Run, command, run};
-use talos_test_support::sim::{SimCluster, wait_for};
+use talos_test_support::sim::wait_for;
 
-struct Fixture {
-    sim: SimCluster,
-    state: tempfile::TempDir,
-}
+mod ops_fixture;
 
-impl Fixture {
-    async fn start(nodes: usize) -> Fixture {
-        Fixture {
-            sim: SimCluster::start(nodes).await,
-            state: tempfile::tempdir().unwrap(),
-        }
-    }
+use ops_fixture::{Fixture, newest};
 
-    fn talosconfig(&self) -> PathBuf {
-        self.sim.dir.path().join("talosconfig")
-    }
-
-    async fn ops(&self, args: &[&str]) -> Run {
-        self.ops_with(&self.talosconfig(), args, None).await
-    }
-
-    async fn ops_with(&self, tc: &Path, args: &[&str], crash: Option<&str>) -> Run {
-        let mut cmd = command(tc);
-        cmd.args(["-o", "json", "ops"])
-            .arg("--state-dir")
-            .arg(self.state.path())
-            .args(args);
-        if let Some(point) = crash {
-            cmd.env("TALOSCTL_RS_TEST_CRASH", point);
-        }
-        let output = tokio::task::spawn_blocking(move || cmd.output())
-            .await
+/// After a retire of `address`: two healthy voters, the node silent.
+async fn assert_retired(f: &Fixture, address: &str) {
+    let client = f.sim.admin();
+    let survivor = (1..=3)
+        .map(|i| f.sim.ip(i))
+        .find(|ip| ip != address)
+        .unwrap();
+    let members = client
+        .node(survivor.as_str())
+        .etcd_member_list(false)
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 2, "{members:?}");
+    assert!(members.iter().all(|m| !m.is_learner));
+    for m in &members {
+        let host = m.peer_urls[0]
+            .split("//")
+            .nth(1)
             .unwrap()
+            .split(':')
+            .next()
             .unwrap();
-        Run {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+        let status = client.node(host).etcd_status().await.unwrap();
+        assert!(status.errors.is_empty());
     }
-
-    /// Member names and learner flags, as node 1 sees them.
-    async fn members(&self) -> Vec<(String, bool)> {
-        let mut members: Vec<_> = self
-            .sim
-            .admin()
-            .node(self.sim.ip(1))
-            .etcd_member_list(false)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|m| (m.hostname, m.is_learner))
-            .collect();
-        members.sort();
-        members
-    }
-
-    /// After a retire of `address`: two healthy voters, the node silent.
-    async fn assert_retired(&self, address: &str) {
-        let client = self.sim.admin();
-        let survivor = (1..=3)
-            .map(|i| self.sim.ip(i))
-            .find(|ip| ip != address)
-            .unwrap();
-        let members = client
-            .node(survivor.as_str())
-            .etcd_member_list(false)
-            .await
-            .unwrap();
-        assert_eq!(members.len(), 2, "{members:?}");
-        assert!(members.iter().all(|m| !m.is_learner));
-        for m in &members {
-            let host = m.peer_urls[0]
-                .split("//")
-                .nth(1)
-                .unwrap()
-                .split(':')
-                .next()
-                .unwrap();
-            let status = client.node(host).etcd_status().await.unwrap();
-            assert!(status.errors.is_empty());
-        }
-        assert!(
-            client.node(address).version().await.is_err(),
-            "the retired node still answers"
-        );
-    }
-}
-
-/// The operation id of the newest operation in the journal.
-async fn newest(f: &Fixture) -> serde_json::Value {
-    let list = f.ops(&["list"]).await.ok().json();
-    list[0].clone()
+    assert!(
+        client.node(address).version().await.is_err(),
+        "the retired node still answers"
+    );
 }
 
 #[tokio::test]
@@ -147,7 +87,7 @@ async fn retire_of_the_leader_forfeits_leaves_resets_and_reports_the_gap() {
     let report = talos_client::snapshot::verify_file(&snapshot).unwrap();
     assert!(report.status.revision >= 50);
     assert!(PathBuf::from(format!("{}.json", snapshot.display())).exists());
-    f.assert_retired(&leader).await;
+    assert_retired(&f, &leader).await;
 }
 
 #[tokio::test]
@@ -337,7 +277,7 @@ async fn crash_and_resume(point: &str) {
     assert_eq!(in_flight, [step], "{shown}");
     let resumed = f.ops(&["resume", &id]).await.ok().json();
     assert_eq!(resumed["state"], "succeeded", "{resumed}");
-    f.assert_retired(&address).await;
+    assert_retired(&f, &address).await;
 }
 
 #[tokio::test]
@@ -373,6 +313,21 @@ async fn crash_while_confirming() {
 #[tokio::test]
 async fn crash_while_waiting_for_silence() {
     crash_and_resume("started:wait-silent").await;
+}
+
+#[tokio::test]
+async fn crash_after_the_snapshot_answered() {
+    crash_and_resume("answered:snapshot").await;
+}
+
+#[tokio::test]
+async fn crash_after_the_forfeit_answered() {
+    crash_and_resume("answered:forfeit").await;
+}
+
+#[tokio::test]
+async fn crash_after_the_confirmation_answered() {
+    crash_and_resume("answered:confirm").await;
 }
 
 #[tokio::test]

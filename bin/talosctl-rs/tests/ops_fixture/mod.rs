@@ -1,0 +1,73 @@
+//! A simulated cluster with a state directory, and `talosctl-rs ops` run
+//! against it, for the operation tests.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use talos_test_support::cli::{Run, command};
+use talos_test_support::sim::SimCluster;
+
+pub struct Fixture {
+    pub sim: SimCluster,
+    pub state: tempfile::TempDir,
+}
+
+impl Fixture {
+    pub async fn start(nodes: usize) -> Fixture {
+        Fixture {
+            sim: SimCluster::start(nodes).await,
+            state: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn talosconfig(&self) -> PathBuf {
+        self.sim.dir.path().join("talosconfig")
+    }
+
+    pub async fn ops(&self, args: &[&str]) -> Run {
+        self.ops_with(&self.talosconfig(), args, None).await
+    }
+
+    pub async fn ops_with(&self, tc: &Path, args: &[&str], crash: Option<&str>) -> Run {
+        let mut cmd = command(tc);
+        cmd.args(["-o", "json", "ops"])
+            .arg("--state-dir")
+            .arg(self.state.path())
+            .args(args);
+        if let Some(point) = crash {
+            cmd.env("TALOSCTL_RS_TEST_CRASH", point);
+        }
+        let output = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .unwrap()
+            .unwrap();
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Member names and learner flags, as node 1 sees them.
+    pub async fn members(&self) -> Vec<(String, bool)> {
+        let mut members: Vec<_> = self
+            .sim
+            .admin()
+            .node(self.sim.ip(1))
+            .etcd_member_list(false)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.hostname, m.is_learner))
+            .collect();
+        members.sort();
+        members
+    }
+}
+
+/// The operation id of the newest operation in the journal.
+pub async fn newest(f: &Fixture) -> serde_json::Value {
+    let list = f.ops(&["list"]).await.ok().json();
+    list[0].clone()
+}

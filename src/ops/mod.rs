@@ -14,9 +14,14 @@
 //!   retention;
 //! - [`Ops::plan_retire`]: snapshot, forfeit, leave, reset at once, wait
 //!   until the node is silent;
-//! - [`Ops::plan_join`]: wait until a new member is a healthy voter.
+//! - [`Ops::plan_join`]: wait until a new member is a healthy voter;
+//! - [`Ops::plan_apply`]: a configuration on trial (TRY), a health gate
+//!   within the try window, then confirmation or a verified rollback.
 
+mod apply;
+mod apply_steps;
 mod cluster;
+mod config_diff;
 mod guard;
 mod join;
 mod journal;
@@ -33,6 +38,8 @@ use sha2::Digest as _;
 use crate::Client;
 use crate::config::ResolvedContext;
 
+pub use apply::ApplyOptions;
+pub use config_diff::ConfigParseError;
 pub use guard::check_plain_reset;
 pub use join::JoinOptions;
 pub use journal::{Journal, OpRecord, OpState, StepRecord, StepState};
@@ -150,6 +157,8 @@ pub enum OpKind {
     Retire,
     /// Wait for a new member to become a healthy voter.
     Join,
+    /// Apply a configuration on trial, gate it on health, then confirm.
+    Apply,
 }
 
 impl OpKind {
@@ -158,6 +167,7 @@ impl OpKind {
             OpKind::Snapshot => "snapshot",
             OpKind::Retire => "retire",
             OpKind::Join => "join",
+            OpKind::Apply => "apply",
         }
     }
 }
@@ -462,6 +472,9 @@ impl Ops {
                 destructive: step.destructive,
             });
             let result = if in_flight && resuming {
+                if let Some(started) = &step.started {
+                    facts.insert("in_flight_started".into(), started.clone().into());
+                }
                 self.reconcile(&kind, &step.name, &mut facts).await
             } else {
                 self.execute(&kind, &step.name, &mut facts).await
@@ -542,6 +555,7 @@ impl Ops {
             "snapshot" => self.snapshot_step(step, facts).await,
             "retire" => self.retire_step(step, facts).await,
             "join" => self.join_step(step, facts).await,
+            "apply" => self.apply_step(step, facts).await,
             other => Err(OpsError::step(
                 step,
                 format!("unknown operation kind {other:?}"),
@@ -557,6 +571,11 @@ impl Ops {
     ) -> Result<Outcome, OpsError> {
         if kind == "retire"
             && let Some(outcome) = self.reconcile_retire(step, facts).await?
+        {
+            return Ok(outcome);
+        }
+        if kind == "apply"
+            && let Some(outcome) = self.reconcile_apply(step, facts).await?
         {
             return Ok(outcome);
         }

@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use talos_client::ops::{
-    Event, JoinOptions, OpRecord, Ops, Plan, RetireOptions, SnapshotOptions, StepState,
-    default_state_dir,
+    ApplyOptions, Event, JoinOptions, OpRecord, Ops, Plan, RetireOptions, SnapshotOptions,
+    StepState, default_state_dir,
 };
 
 use super::apply::parse_go_duration;
@@ -70,6 +70,36 @@ pub enum OpsCommand {
         #[arg(long, default_value = "10m", value_parser = parse_go_duration)]
         timeout: Duration,
     },
+    /// Apply a configuration safely to the nodes given with -n, one at a
+    /// time: dry run and guards, TRY, health gate, then confirm (or a
+    /// verified rollback).
+    Apply {
+        /// The machine configuration file.
+        #[arg(long, short = 'f', value_name = "FILE")]
+        file: PathBuf,
+        /// A path that may change (repeatable); any other changed path
+        /// refuses. E.g. cluster.controlPlane.endpoint, Layer2VIPConfig.
+        #[arg(long = "expect-change", value_name = "PATH")]
+        expect_change: Vec<String>,
+        /// Allow a change of the service-account issuer (it breaks every
+        /// token issued so far).
+        #[arg(long)]
+        allow_issuer_change: bool,
+        /// Allow a change that needs a reboot: applied in REBOOT mode, with
+        /// no automatic rollback.
+        #[arg(long)]
+        allow_reboot: bool,
+        /// The try window: the node rolls back after it unless confirmed.
+        #[arg(long, default_value = "2m", value_parser = parse_go_duration)]
+        try_timeout: Duration,
+        /// How long a node may take to come back from a reboot.
+        #[arg(long, default_value = "10m", value_parser = parse_go_duration)]
+        reboot_timeout: Duration,
+        /// A command (run with sh -c, TALOS_NODE set) that must exit 0 for
+        /// the health gate to pass.
+        #[arg(long, value_name = "CMD")]
+        check: Option<String>,
+    },
     /// List this cluster's operations.
     List,
     /// Show one operation and its steps.
@@ -95,7 +125,7 @@ pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
         None => default_state_dir().context("no state directory: pass --state-dir")?,
     };
     let context = global.resolve()?;
-    let (client, _) = global.connect()?;
+    let (client, nodes) = global.connect()?;
     let mut ops = Ops::open(&context, client, &state_dir)?;
     let snapshots = |dir: Option<PathBuf>| dir.unwrap_or_else(|| state_dir.join("snapshots"));
     let plan = match args.command {
@@ -123,6 +153,30 @@ pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
             .await?
         }
         OpsCommand::Join { node, timeout } => ops.plan_join(&JoinOptions { node, timeout }).await?,
+        OpsCommand::Apply {
+            file,
+            expect_change,
+            allow_issuer_change,
+            allow_reboot,
+            try_timeout,
+            reboot_timeout,
+            check,
+        } => {
+            let config = std::fs::read(&file)
+                .with_context(|| format!("reading the configuration {}", file.display()))?;
+            ops.plan_apply(&ApplyOptions {
+                nodes,
+                config_path: std::path::absolute(&file).unwrap_or(file),
+                config,
+                expect_change,
+                allow_issuer_change,
+                allow_reboot,
+                try_timeout,
+                reboot_timeout,
+                check,
+            })
+            .await?
+        }
         OpsCommand::List => return list(global, &ops),
         OpsCommand::Show { id } => return report(global, &ops.show(&id)?),
         OpsCommand::Resume { id } => {

@@ -1,0 +1,418 @@
+//! `talosctl-rs ops apply` against the simulator (real etcd, Talos 1.13.9
+//! apply semantics): a passing gate confirmed, a failing check rolled back
+//! and verified, the path and issuer guards, a change that needs a reboot,
+//! and a crash at each step followed by `ops resume`.
+//!
+//! The simulator cancels a pending TRY rollback on any non-TRY request,
+//! dry runs included, as Talos 1.13.9 does (talos#14343): the rollback test
+//! therefore also proves that the operation sends no such request while
+//! its TRY is pending.
+
+use std::path::PathBuf;
+
+mod ops_fixture;
+
+use ops_fixture::{Fixture, newest};
+
+const SANS: (&str, &str) = ("certSANs: []", "certSANs: [vip.example]");
+
+impl Fixture {
+    /// The simulator's machine configuration with `(from, to)` replaced,
+    /// written to a file in the state directory.
+    fn config_with(&self, name: &str, edits: &[(&str, &str)]) -> PathBuf {
+        let mut config =
+            std::fs::read_to_string(self.sim.dir.path().join("controlplane.yaml")).unwrap();
+        for (from, to) in edits {
+            assert!(config.contains(from), "{from:?} not in the config");
+            config = config.replace(from, to);
+        }
+        let path = self.state.path().join(name);
+        std::fs::write(&path, config).unwrap();
+        path
+    }
+
+    async fn apply(&self, file: &std::path::Path, extra: &[&str]) -> talos_test_support::cli::Run {
+        let ip = self.sim.ip(1);
+        let file = file.to_str().unwrap();
+        let mut args = vec!["--yes", "-n", &ip, "apply", "-f", file];
+        args.extend_from_slice(extra);
+        self.ops(&args).await
+    }
+}
+
+fn step_states(record: &serde_json::Value) -> Vec<(String, String)> {
+    record["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_passing_gate_is_confirmed_and_persisted() {
+    let f = Fixture::start(3).await;
+    let file = f.config_with("sans.yaml", &[SANS]);
+    let run = f
+        .apply(
+            &file,
+            &[
+                "--expect-change",
+                "machine.certSANs",
+                "--try-timeout",
+                "20s",
+                "--check",
+                "test \"$TALOS_NODE\" != \"\"",
+            ],
+        )
+        .await
+        .ok();
+    let record = run.json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    let ip = f.sim.ip(1);
+    assert_eq!(
+        step_states(&record),
+        [
+            (format!("try:{ip}"), "done".into()),
+            (format!("gate:{ip}"), "done".into()),
+            (format!("confirm:{ip}"), "done".into()),
+        ]
+    );
+    assert!(
+        run.stderr.contains("changed paths: machine.certSANs"),
+        "{}",
+        run.stderr
+    );
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    // Confirmed: no rollback pending, the file persisted and running.
+    assert!(!node.rollback_pending());
+    assert!(node.active_config().contains("vip.example"));
+    let persisted = std::fs::read_to_string(node.config_path()).unwrap();
+    assert!(persisted.contains("vip.example"));
+    // The journal holds the file's hash, never its contents (keys).
+    let shown = f.ops(&["show", record["id"].as_str().unwrap()]).await.ok();
+    assert!(
+        !shown.stdout.contains("talos-sim-token"),
+        "{}",
+        shown.stdout
+    );
+}
+
+#[tokio::test]
+async fn a_failing_check_sends_nothing_more_and_the_rollback_is_verified() {
+    let f = Fixture::start(1).await;
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    let before = node.active_config();
+    let file = f.config_with("sans.yaml", &[SANS]);
+    let run = f
+        .apply(
+            &file,
+            &[
+                "--try-timeout",
+                "3s",
+                "--check",
+                "echo API unreachable >&2; exit 3",
+            ],
+        )
+        .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stderr.contains("API unreachable"), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("rolled back to its previous configuration (verified)"),
+        "{}",
+        run.stderr
+    );
+    let record = newest(&f).await;
+    assert_eq!(record["state"], "failed", "{record}");
+    let ip = f.sim.ip(1);
+    assert_eq!(
+        step_states(&record),
+        [
+            (format!("try:{ip}"), "done".into()),
+            (format!("gate:{ip}"), "failed".into()),
+            (format!("confirm:{ip}"), "pending".into()),
+        ]
+    );
+    assert_eq!(node.active_config(), before);
+    assert!(!node.rollback_pending());
+    assert!(
+        !std::fs::read_to_string(node.config_path())
+            .unwrap()
+            .contains("vip.example")
+    );
+}
+
+#[tokio::test]
+async fn an_unexpected_changed_path_is_refused_before_anything_is_sent() {
+    let f = Fixture::start(1).await;
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    let before = node.active_config();
+    let file = f.config_with(
+        "two.yaml",
+        &[SANS, ("clusterName: talos-sim", "clusterName: other")],
+    );
+    let run = f
+        .apply(&file, &["--expect-change", "machine.certSANs"])
+        .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("changes cluster.clusterName, outside --expect-change machine.certSANs"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(f.ops(&["list"]).await.ok().json(), serde_json::json!([]));
+    assert_eq!(node.active_config(), before);
+    assert!(!node.rollback_pending());
+}
+
+#[tokio::test]
+async fn an_endpoint_change_needs_the_issuer_pinned() {
+    let f = Fixture::start(1).await;
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    let before = node.active_config();
+    let old_endpoint = format!("https://{}:6443", f.sim.ip(1));
+    let endpoint = (old_endpoint.as_str(), "https://k8s.example:6443");
+    let file = f.config_with("endpoint.yaml", &[endpoint]);
+    let run = f.apply(&file, &[]).await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("while the service-account issuer is not pinned"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("--allow-issuer-change"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(node.active_config(), before);
+    // The operator may accept it knowingly (plan only here).
+    f.apply(&file, &["--plan", "--allow-issuer-change"])
+        .await
+        .ok();
+
+    // With the old issuer pinned, as the seed does, the change goes through.
+    let pinned = f.config_with("pinned.yaml", &[endpoint]);
+    let mut text = std::fs::read_to_string(&pinned).unwrap();
+    text.push_str(&format!(
+        "---\napiVersion: v1alpha1\nkind: KubeServiceAccountConfig\nissuer:\n  issuerURL: {old_endpoint}\n"
+    ));
+    std::fs::write(&pinned, text).unwrap();
+    let record = f
+        .apply(
+            &pinned,
+            &[
+                "--expect-change",
+                "cluster.controlPlane.endpoint",
+                "--expect-change",
+                "KubeServiceAccountConfig",
+                "--try-timeout",
+                "20s",
+            ],
+        )
+        .await
+        .ok()
+        .json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    assert!(node.active_config().contains("k8s.example"));
+}
+
+#[tokio::test]
+async fn a_change_that_needs_a_reboot_is_refused_unless_allowed() {
+    let f = Fixture::start(3).await;
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    let before = node.active_config();
+    let file = f.config_with(
+        "token.yaml",
+        &[("token: talos-sim-token", "token: rotated")],
+    );
+    let run = f.apply(&file, &[]).await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("cannot be applied without a reboot"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("--allow-reboot"), "{}", run.stderr);
+    assert_eq!(node.active_config(), before);
+
+    let run = f
+        .apply(&file, &["--allow-reboot", "--reboot-timeout", "2m"])
+        .await
+        .ok();
+    assert!(
+        run.stderr.contains("NO automatic rollback"),
+        "{}",
+        run.stderr
+    );
+    let record = run.json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    let ip = f.sim.ip(1);
+    assert_eq!(
+        step_states(&record),
+        [
+            (format!("reboot:{ip}"), "done".into()),
+            (format!("wait-back:{ip}"), "done".into()),
+        ]
+    );
+    assert!(node.active_config().contains("token: rotated"));
+    assert_eq!(f.members().await.len(), 3);
+}
+
+async fn crash_and_resume(point: &str) {
+    let f = Fixture::start(1).await;
+    let ip = f.sim.ip(1);
+    let file = f.config_with("sans.yaml", &[SANS]);
+    let point = format!("{point}:{ip}");
+    let args = [
+        "--yes",
+        "-n",
+        ip.as_str(),
+        "apply",
+        "-f",
+        file.to_str().unwrap(),
+        "--try-timeout",
+        "30s",
+    ];
+    let crashed = f.ops_with(&f.talosconfig(), &args, Some(&point)).await;
+    assert_ne!(
+        crashed.code, 0,
+        "the CLI was to die at {point}:\n{}",
+        crashed.stderr
+    );
+    let record = newest(&f).await;
+    let id = record["id"].as_str().unwrap().to_string();
+    let step = point.split_once(':').unwrap().1;
+    let shown = f.ops(&["show", &id]).await.ok().json();
+    let in_flight: Vec<_> = step_states(&shown)
+        .into_iter()
+        .filter(|(_, state)| state == "running")
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(in_flight, [step], "{shown}");
+    let resumed = f.ops(&["resume", &id]).await.ok().json();
+    assert_eq!(resumed["state"], "succeeded", "{resumed}");
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    assert!(!node.rollback_pending());
+    assert!(node.active_config().contains("vip.example"));
+    assert!(
+        std::fs::read_to_string(node.config_path())
+            .unwrap()
+            .contains("vip.example")
+    );
+}
+
+#[tokio::test]
+async fn crash_before_the_try_is_sent() {
+    crash_and_resume("started:try").await;
+}
+
+#[tokio::test]
+async fn crash_after_the_try_answered() {
+    crash_and_resume("answered:try").await;
+}
+
+#[tokio::test]
+async fn crash_during_the_gate() {
+    crash_and_resume("started:gate").await;
+}
+
+#[tokio::test]
+async fn crash_before_the_confirmation_is_sent() {
+    crash_and_resume("started:confirm").await;
+}
+
+#[tokio::test]
+async fn crash_after_the_confirmation_answered() {
+    crash_and_resume("answered:confirm").await;
+}
+
+#[tokio::test]
+async fn several_nodes_go_one_at_a_time_and_stop_at_the_first_failure() {
+    let f = Fixture::start(3).await;
+    let (ip1, ip2) = (f.sim.ip(1), f.sim.ip(2));
+    let file = f.config_with("sans.yaml", &[SANS]);
+    let nodes = format!("{ip1},{ip2}");
+    // The check fails on the first node only.
+    let check = format!("test \"$TALOS_NODE\" != {ip1}");
+    let run = f
+        .ops(&[
+            "--yes",
+            "-n",
+            &nodes,
+            "apply",
+            "-f",
+            file.to_str().unwrap(),
+            "--try-timeout",
+            "3s",
+            "--check",
+            &check,
+        ])
+        .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let record = newest(&f).await;
+    assert_eq!(
+        step_states(&record),
+        [
+            (format!("try:{ip1}"), "done".into()),
+            (format!("gate:{ip1}"), "failed".into()),
+            (format!("confirm:{ip1}"), "pending".into()),
+            (format!("try:{ip2}"), "pending".into()),
+            (format!("gate:{ip2}"), "pending".into()),
+            (format!("confirm:{ip2}"), "pending".into()),
+        ]
+    );
+    for name in ["cp-1", "cp-2"] {
+        let node = f.sim.cluster.node(name).unwrap();
+        assert!(!node.active_config().contains("vip.example"), "{name}");
+        assert!(!node.rollback_pending(), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_crash_after_the_reboot_answered_resumes_to_the_node_back() {
+    let f = Fixture::start(1).await;
+    let ip = f.sim.ip(1);
+    let file = f.config_with(
+        "token.yaml",
+        &[("token: talos-sim-token", "token: rotated")],
+    );
+    let args = [
+        "--yes",
+        "-n",
+        ip.as_str(),
+        "apply",
+        "-f",
+        file.to_str().unwrap(),
+        "--allow-reboot",
+    ];
+    let point = format!("answered:reboot:{ip}");
+    let crashed = f.ops_with(&f.talosconfig(), &args, Some(&point)).await;
+    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
+    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let resumed = f.ops(&["resume", &id]).await.ok().json();
+    assert_eq!(resumed["state"], "succeeded", "{resumed}");
+    assert_eq!(
+        step_states(&resumed),
+        [
+            (format!("reboot:{ip}"), "done".into()),
+            (format!("wait-back:{ip}"), "done".into()),
+        ]
+    );
+    assert!(
+        f.sim
+            .cluster
+            .node("cp-1")
+            .unwrap()
+            .active_config()
+            .contains("token: rotated")
+    );
+}

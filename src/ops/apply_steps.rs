@@ -1,0 +1,490 @@
+//! The steps of an apply (`try`, `gate`, `confirm`; `reboot`, `wait-back`
+//! when a reboot is allowed), each named `STEP:NODE`, and how a step in
+//! flight at a crash is reconciled with the node.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value, json};
+
+use super::apply::{DryRun, no_changes, read_config, sha256_hex, try_dry_run};
+use super::cluster::ClusterView;
+use super::config_diff::Documents;
+use super::{Ops, OpsError, Outcome, fact};
+use crate::client::{ApplyMode, ApplyRequest};
+
+/// How long after the try window a rollback must be visible.
+const ROLLBACK_GRACE: Duration = Duration::from_secs(30);
+/// How often the gate and the waits look again.
+const POLL: Duration = Duration::from_millis(250);
+
+/// The parameters every apply step needs, from the journaled ones.
+struct Params {
+    config: Vec<u8>,
+    try_timeout: Duration,
+    reboot_timeout: Duration,
+    check: Option<String>,
+}
+
+impl Params {
+    /// Reads the configuration file again and checks it is the one the
+    /// operation was planned with (the journal keeps its hash, never its
+    /// contents: a machine configuration holds keys).
+    fn load(facts: &Map<String, Value>) -> Result<Params, OpsError> {
+        let params = facts.get("params").cloned().unwrap_or_default();
+        let path = params["config_path"].as_str().unwrap_or_default();
+        let config = std::fs::read(path).map_err(|source| OpsError::Io {
+            path: path.into(),
+            source,
+        })?;
+        if params["config_sha256"].as_str() != Some(sha256_hex(&config).as_str()) {
+            return Err(OpsError::Refused(format!(
+                "{path} changed since the operation was planned: put the planned file back, or abandon the operation"
+            )));
+        }
+        Ok(Params {
+            config,
+            try_timeout: Duration::from_millis(
+                params["try_timeout_ms"].as_u64().unwrap_or(120_000),
+            ),
+            reboot_timeout: Duration::from_secs(params["reboot_timeout_s"].as_u64().unwrap_or(600)),
+            check: params["check"].as_str().map(str::to_string),
+        })
+    }
+
+    /// Time kept free at the end of the try window for the confirmation.
+    fn confirm_margin(&self) -> Duration {
+        (self.try_timeout / 5).clamp(Duration::from_secs(1), Duration::from_secs(15))
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// When the step in flight at a crash was journaled as started.
+fn in_flight_started_ms(facts: &Map<String, Value>) -> u64 {
+    time::OffsetDateTime::parse(
+        fact(facts, "in_flight_started"),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as u64)
+    .unwrap_or_else(|_| now_ms())
+}
+
+fn deadline_key(node: &str) -> String {
+    format!("try_deadline_ms:{node}")
+}
+
+/// Time left until `deadline_ms` (zero when past).
+fn left(deadline_ms: u64) -> Duration {
+    Duration::from_millis(deadline_ms.saturating_sub(now_ms()))
+}
+
+impl Ops {
+    pub(super) async fn apply_step(
+        &mut self,
+        step: &str,
+        facts: &mut Map<String, Value>,
+    ) -> Result<Outcome, OpsError> {
+        let (kind, node) = step
+            .split_once(':')
+            .ok_or_else(|| OpsError::step(step, "unknown step"))?;
+        let params = Params::load(facts)?;
+        match kind {
+            "try" => self.try_apply(node, &params, facts).await,
+            "gate" => self.gate(node, &params, facts).await,
+            "confirm" => self.confirm(node, &params, facts).await,
+            "reboot" => self.reboot_apply(node, &params, facts).await,
+            "wait-back" => self.wait_back(node, &params, facts).await,
+            _ => Err(OpsError::step(step, "unknown step")),
+        }
+    }
+
+    /// A step of an apply that was in flight at a crash: `try` is done when
+    /// the node runs the file (a TRY dry run reports no changes), otherwise
+    /// sent again; `confirm` and `reboot` are done when the node persisted
+    /// the file (if the reboot was not journaled, `wait-back` counts from the
+    /// reboot step's start).
+    pub(super) async fn reconcile_apply(
+        &mut self,
+        step: &str,
+        facts: &mut Map<String, Value>,
+    ) -> Result<Option<Outcome>, OpsError> {
+        let Some((kind, node)) = step.split_once(':') else {
+            return Ok(None);
+        };
+        let params = Params::load(facts)?;
+        match kind {
+            "try" => {
+                let runs_it = matches!(
+                    try_dry_run(&self.client, node, &params.config).await?,
+                    DryRun::InPlace(s) if no_changes(&s)
+                );
+                if !runs_it {
+                    return Ok(None);
+                }
+                if !facts.contains_key(&deadline_key(node)) {
+                    // The try was sent after its step was journaled as
+                    // started, so that time plus the window is no later
+                    // than the node's rollback.
+                    let deadline =
+                        in_flight_started_ms(facts) + params.try_timeout.as_millis() as u64;
+                    facts.insert(deadline_key(node), json!(deadline));
+                }
+                Ok(Some(Outcome::done(format!(
+                    "the try had reached {node} before the interruption: it runs the file"
+                ))))
+            }
+            "confirm" | "reboot" if self.persisted(node, &params).await? => {
+                let sent = format!("reboot_sent_ms:{node}");
+                if kind == "reboot" && !facts.contains_key(&sent) {
+                    facts.insert(sent, json!(in_flight_started_ms(facts)));
+                }
+                Ok(Some(Outcome::done(format!(
+                    "{node} had persisted the file before the interruption"
+                ))))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn try_apply(
+        &mut self,
+        node: &str,
+        params: &Params,
+        facts: &mut Map<String, Value>,
+    ) -> Result<Outcome, OpsError> {
+        // The node starts its rollback timer after this instant, so the
+        // deadline counted from here is never later than the rollback.
+        let sent = now_ms();
+        let request = ApplyRequest::new(params.config.clone(), ApplyMode::Try)
+            .with_try_timeout(params.try_timeout);
+        let result = self.client.node(node).apply_configuration(request).await?;
+        if result.mode != ApplyMode::Try {
+            return Err(OpsError::step(
+                &format!("try:{node}"),
+                format!(
+                    "{node} applied the file in mode {} instead of try",
+                    result.mode
+                ),
+            ));
+        }
+        let deadline = sent + params.try_timeout.as_millis() as u64;
+        facts.insert(deadline_key(node), json!(deadline));
+        Ok(Outcome::done(format!(
+            "{node} runs the file on trial: {}",
+            result.mode_details.replace('\n', "; ")
+        )))
+    }
+
+    /// The health gate, retried until it passes or the try window (less the
+    /// time kept for the confirmation) runs out; on failure nothing more is
+    /// sent and the rollback is verified.
+    async fn gate(
+        &mut self,
+        node: &str,
+        params: &Params,
+        facts: &mut Map<String, Value>,
+    ) -> Result<Outcome, OpsError> {
+        let deadline = facts
+            .get(&deadline_key(node))
+            .and_then(Value::as_u64)
+            .unwrap_or_else(now_ms);
+        let gate_end = deadline.saturating_sub(params.confirm_margin().as_millis() as u64);
+        let mut attempts = 0;
+        let reason = loop {
+            attempts += 1;
+            let failure = match self.gate_once(node, params, left(gate_end)).await {
+                Ok(summary) => {
+                    return Ok(Outcome::done(format!(
+                        "passed (attempt {attempts}): {summary}"
+                    )));
+                }
+                Err(reason) => reason,
+            };
+            if left(gate_end) <= POLL {
+                break failure;
+            }
+            tokio::time::sleep(POLL).await;
+        };
+        let rollback = self.verify_rollback(node, params, deadline).await;
+        Err(OpsError::step(
+            &format!("gate:{node}"),
+            match rollback {
+                Ok(()) => format!(
+                    "the health gate failed: {reason}; nothing more was sent and {node} rolled back to its previous configuration (verified)"
+                ),
+                Err(state) => format!(
+                    "the health gate failed: {reason}; nothing more was sent, but {node} did NOT show its previous configuration within {} s of the try window: {state}",
+                    ROLLBACK_GRACE.as_secs()
+                ),
+            },
+        ))
+    }
+
+    /// One pass of the gate; the error says what failed.
+    async fn gate_once(
+        &self,
+        node: &str,
+        params: &Params,
+        budget: Duration,
+    ) -> Result<String, String> {
+        let target = self.client.node(node);
+        target
+            .version()
+            .await
+            .map_err(|e| format!("{node} does not answer: {e}"))?;
+        let view = ClusterView::read(&self.client)
+            .await
+            .map_err(|e| format!("the etcd members cannot be read: {e}"))?;
+        if !view.disagreements.is_empty() {
+            return Err(format!(
+                "the members' lists disagree: {}",
+                view.disagreements.join("; ")
+            ));
+        }
+        if let Some(m) = view.members.iter().find(|m| m.is_learner) {
+            return Err(format!("{} is still a learner", m.hostname));
+        }
+        if let Some(m) = view.members.iter().find(|m| !view.healthy(m.id)) {
+            return Err(format!(
+                "etcd member {} is unhealthy: {}",
+                m.hostname,
+                view.unhealthy_reason(m.id)
+            ));
+        }
+        let services = target
+            .service_list()
+            .await
+            .map_err(|e| format!("{node}'s services cannot be read: {e}"))?;
+        let bad: Vec<String> = services
+            .iter()
+            .filter(|s| {
+                !matches!(s.state.as_str(), "Running" | "Finished" | "Skipped")
+                    || (!s.health.unknown && !s.health.healthy)
+            })
+            .map(|s| format!("{} ({}{})", s.id, s.state, unhealthy(&s.health)))
+            .collect();
+        if !bad.is_empty() {
+            return Err(format!(
+                "{node}'s services are not healthy: {}",
+                bad.join(", ")
+            ));
+        }
+        let mut summary = format!(
+            "{node} answers; {} etcd members healthy; {} services running",
+            view.members.len(),
+            services.len()
+        );
+        if let Some(cmd) = &params.check {
+            run_check(cmd, node, budget).await?;
+            summary.push_str(&format!("; `{cmd}` exited 0"));
+        }
+        Ok(summary)
+    }
+
+    /// Waits for the try window to close and checks that the node runs its
+    /// persisted (previous) configuration again, through TRY dry runs that
+    /// leave any pending rollback alone.
+    async fn verify_rollback(
+        &self,
+        node: &str,
+        params: &Params,
+        deadline: u64,
+    ) -> Result<(), String> {
+        let previous = read_config(&self.client, node)
+            .await
+            .map_err(|e| format!("its persisted configuration cannot be read: {e}"))?;
+        tokio::time::sleep(left(deadline)).await;
+        let until = Instant::now() + ROLLBACK_GRACE;
+        let mut last = String::from("not checked");
+        while Instant::now() < until {
+            match try_dry_run(&self.client, node, &previous).await {
+                Ok(DryRun::InPlace(s)) if no_changes(&s) => {
+                    // And the tried file is no longer what it runs.
+                    return match try_dry_run(&self.client, node, &params.config).await {
+                        Ok(DryRun::InPlace(s)) if no_changes(&s) => {
+                            Err("it runs the tried file still".into())
+                        }
+                        _ => Ok(()),
+                    };
+                }
+                Ok(_) => last = "it still runs the tried file".into(),
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        Err(last)
+    }
+
+    async fn confirm(
+        &mut self,
+        node: &str,
+        params: &Params,
+        facts: &mut Map<String, Value>,
+    ) -> Result<Outcome, OpsError> {
+        let step = format!("confirm:{node}");
+        let deadline = facts
+            .get(&deadline_key(node))
+            .and_then(Value::as_u64)
+            .unwrap_or_default();
+        if left(deadline).is_zero() {
+            let rollback = self.verify_rollback(node, params, deadline).await;
+            return Err(OpsError::step(
+                &step,
+                format!(
+                    "the try window closed before the confirmation; nothing was sent ({})",
+                    match rollback {
+                        Ok(()) => format!("{node} rolled back, verified"),
+                        Err(e) => format!("{node}'s rollback not seen: {e}"),
+                    }
+                ),
+            ));
+        }
+        let request = ApplyRequest::new(params.config.clone(), ApplyMode::NoReboot);
+        self.client.node(node).apply_configuration(request).await?;
+        if !self.persisted(node, params).await? {
+            return Err(OpsError::step(
+                &step,
+                format!(
+                    "{node} answered the confirmation but its persisted configuration is not the file"
+                ),
+            ));
+        }
+        Ok(Outcome::done(format!(
+            "{node} persisted the file; its try rollback is cancelled"
+        )))
+    }
+
+    /// Whether the node's persisted configuration is the file (by content).
+    async fn persisted(&self, node: &str, params: &Params) -> Result<bool, OpsError> {
+        let current = read_config(&self.client, node).await?;
+        let (Ok(current), Ok(file)) =
+            (Documents::parse(&current), Documents::parse(&params.config))
+        else {
+            return Ok(false);
+        };
+        Ok(current.changed_paths(&file).is_empty())
+    }
+
+    async fn reboot_apply(
+        &mut self,
+        node: &str,
+        params: &Params,
+        facts: &mut Map<String, Value>,
+    ) -> Result<Outcome, OpsError> {
+        facts.insert(format!("reboot_sent_ms:{node}"), json!(now_ms()));
+        let request = ApplyRequest::new(params.config.clone(), ApplyMode::Reboot);
+        let result = self.client.node(node).apply_configuration(request).await?;
+        Ok(Outcome::done(format!(
+            "{node}: {}",
+            result.mode_details.replace('\n', "; ")
+        )))
+    }
+
+    /// Waits until the node has booted since the reboot was sent (its etcd
+    /// service started after that time: reads are retried through a short
+    /// outage, so not answering is no proof), holds the file, and passes
+    /// the gate.
+    async fn wait_back(
+        &self,
+        node: &str,
+        params: &Params,
+        facts: &Map<String, Value>,
+    ) -> Result<Outcome, OpsError> {
+        let since = facts
+            .get(&format!("reboot_sent_ms:{node}"))
+            .and_then(Value::as_u64)
+            .unwrap_or_default();
+        let started = Instant::now();
+        let until = started + params.reboot_timeout;
+        let mut last = String::from("not answering yet");
+        while Instant::now() < until {
+            match self.booted_since(node, since).await {
+                Ok(true) => match self.gate_once(node, params, until - Instant::now()).await {
+                    Ok(summary) if self.persisted(node, params).await.unwrap_or(false) => {
+                        return Ok(Outcome::done(format!(
+                            "back after {} ms with the file: {summary}",
+                            started.elapsed().as_millis()
+                        )));
+                    }
+                    Ok(_) => last = format!("{node} is back but does not hold the file"),
+                    Err(reason) => last = reason,
+                },
+                Ok(false) => last = format!("{node} has not rebooted yet"),
+                Err(e) => last = format!("{node}: {e}"),
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        Err(OpsError::step(
+            &format!("wait-back:{node}"),
+            format!(
+                "{node} not back and healthy within {} s: {last}",
+                params.reboot_timeout.as_secs()
+            ),
+        ))
+    }
+
+    /// Whether the node's etcd service started after `since_ms`.
+    async fn booted_since(&self, node: &str, since_ms: u64) -> Result<bool, crate::Error> {
+        let services = self.client.node(node).service_list().await?;
+        let since = time::OffsetDateTime::UNIX_EPOCH + Duration::from_millis(since_ms);
+        Ok(services.iter().filter(|s| s.id == "etcd").any(|s| {
+            s.events.iter().any(|e| {
+                e.ts.is_some_and(|ts| ts > since)
+                    && matches!(e.state.as_str(), "Waiting" | "Preparing" | "Running")
+            })
+        }))
+    }
+}
+
+fn unhealthy(health: &crate::client::ServiceHealth) -> String {
+    if health.unknown || health.healthy {
+        String::new()
+    } else if health.last_message.is_empty() {
+        ", unhealthy".into()
+    } else {
+        format!(", unhealthy: {}", health.last_message)
+    }
+}
+
+/// Runs the user's check through `sh -c` with `TALOS_NODE` set; it must
+/// exit 0 within `budget`.
+async fn run_check(cmd: &str, node: &str, budget: Duration) -> Result<(), String> {
+    let child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .env("TALOS_NODE", node)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = match tokio::time::timeout(budget.max(Duration::from_millis(100)), child).await {
+        Err(_) => return Err(format!("`{cmd}` did not finish within the try window")),
+        Ok(Err(e)) => return Err(format!("`{cmd}` could not run: {e}")),
+        Ok(Ok(output)) => output,
+    };
+    if output.status.success() {
+        return Ok(());
+    }
+    let said = String::from_utf8_lossy(if output.stderr.is_empty() {
+        &output.stdout
+    } else {
+        &output.stderr
+    })
+    .lines()
+    .last()
+    .unwrap_or_default()
+    .to_string();
+    Err(format!(
+        "`{cmd}` failed ({}){}",
+        output.status,
+        if said.is_empty() {
+            String::new()
+        } else {
+            format!(": {said}")
+        }
+    ))
+}

@@ -39,6 +39,7 @@ pub mod api;
 pub mod client;
 pub mod config;
 pub mod files;
+pub mod maintenance;
 #[cfg(feature = "ops")]
 pub mod ops;
 pub mod snapshot;

@@ -428,6 +428,7 @@ fn describe_tls(e: &rustls::Error, host: &str) -> String {
         E::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
             "TLS: the server certificate has expired".to_string()
         }
+        E::InvalidCertificate(C::Other(other)) => format!("TLS: {other}"),
         E::AlertReceived(
             alert @ (A::BadCertificate
             | A::CertificateExpired

@@ -227,21 +227,27 @@ impl ClientBuilder {
     /// Validates the endpoints and TLS material. Connecting happens on the
     /// first call.
     pub fn build(self) -> Result<Client> {
+        let credentials = self
+            .credentials
+            .clone()
+            .ok_or(Error::Builder("no credentials given"))?;
+        let tls = credentials.client_config().map_err(|source| Error::Tls {
+            origin: self.origin.clone(),
+            source: Box::new(source),
+        })?;
+        self.build_with_tls(tls)
+    }
+
+    /// Builds with a TLS configuration made elsewhere (maintenance mode).
+    pub(crate) fn build_with_tls(self, tls: Arc<rustls::ClientConfig>) -> Result<Client> {
         if self.endpoints.is_empty() {
             return Err(Error::Builder("no endpoints given"));
         }
-        let credentials = self
-            .credentials
-            .ok_or(Error::Builder("no credentials given"))?;
         let endpoints = self
             .endpoints
             .iter()
             .map(|e| normalize_endpoint(e))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let tls = credentials.client_config().map_err(|source| Error::Tls {
-            origin: self.origin.clone(),
-            source: Box::new(source),
-        })?;
         Ok(Client {
             conn: Arc::new(Connection::new(endpoints, tls, self.settings)),
             options: Arc::new(CallOptions {

@@ -15,7 +15,7 @@ impl CallerRoles {
 
 const ADMIN: &str = "os:admin";
 const OPERATOR: &str = "os:operator";
-const READER: &str = "os:reader";
+pub(crate) const READER: &str = "os:reader";
 const ETCD_BACKUP: &str = "os:etcd:backup";
 /// Lets a peer apid pass on the roles of the original caller.
 pub(crate) const IMPERSONATOR: &str = "os:impersonator";
@@ -31,8 +31,18 @@ fn allowed(method: &str) -> &'static [&'static str] {
         }
         "EtcdAlarmDisarm" | "EtcdDefragment" | "Reboot" | "Shutdown" => &[ADMIN, OPERATOR],
         "Version" | "Hostname" | "ServiceList" | "HealthCheck" => &[ADMIN, OPERATOR, READER],
+        // Readers only in maintenance mode, which the handler checks.
+        "ApplyConfiguration" => &[ADMIN, READER],
         _ => &[ADMIN],
     }
+}
+
+/// Whether the caller holds the admin role.
+pub(crate) fn is_admin<T>(request: &tonic::Request<T>) -> bool {
+    request
+        .extensions()
+        .get::<CallerRoles>()
+        .is_some_and(|r| r.has(ADMIN))
 }
 
 /// Fails with PermissionDenied ("not authorized", as upstream's authorizer)

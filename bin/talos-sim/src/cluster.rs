@@ -28,6 +28,10 @@ pub struct NodeInfo {
     pub api: String,
     /// etcd client URL.
     pub etcd_client_url: String,
+    /// While in maintenance mode: the API certificate's SPKI fingerprint,
+    /// for `--cert-fingerprint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance_fingerprint: Option<String>,
 }
 
 impl NodeInfo {
@@ -37,6 +41,8 @@ impl NodeInfo {
             ip: IpAddr::V4(node.ip),
             api: node.api_addr(),
             etcd_client_url: node.etcd_client_url(),
+            maintenance_fingerprint: (!node.is_configured())
+                .then(|| node.maintenance_fingerprint.clone()),
         }
     }
 }
@@ -77,18 +83,25 @@ fn load_or_create_ca(dir: &Path) -> Result<Ca, SimError> {
 }
 
 /// The machine configuration every simulated node starts with (the nodes'
-/// hostnames come from the simulator, not from this document).
-pub fn default_machine_config(cfg: &SimConfig) -> String {
+/// hostnames come from the simulator, not from this document). Like a real
+/// control-plane configuration it carries the cluster's CA, key included:
+/// a node in maintenance mode takes its PKI from it.
+pub fn default_machine_config(cfg: &SimConfig, ca: &Ca) -> String {
+    use base64::Engine as _;
+    let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
     format!(
         "version: v1alpha1\n\
          debug: false\n\
          persist: true\n\
-         machine:\n  type: controlplane\n  token: talos-sim-token\n  certSANs: []\n  \
+         machine:\n  type: controlplane\n  token: talos-sim-token\n  \
+         ca:\n    crt: {ca_crt}\n    key: {ca_key}\n  certSANs: []\n  \
          install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{version}\n\
          cluster:\n  clusterName: talos-sim\n  controlPlane:\n    endpoint: https://{ip}:6443\n  \
          etcd:\n    advertisedSubnets:\n      - 127.0.0.0/8\n",
         version = super::SIMULATED_TALOS_VERSION,
         ip = cfg.node_ip(1),
+        ca_crt = b64(&ca.cert_pem),
+        ca_key = b64(ca.key_pem()),
     )
 }
 
@@ -117,7 +130,7 @@ impl Cluster {
             proxy.cert_pem.as_bytes(),
             proxy.key_pem.as_bytes(),
         );
-        let machine_config = default_machine_config(&cfg);
+        let machine_config = default_machine_config(&cfg, &ca);
         write_private(
             &cfg.dir.join("controlplane.yaml"),
             machine_config.as_bytes(),
@@ -141,7 +154,7 @@ impl Cluster {
         let shared = &self.shared;
         let mut created = Vec::new();
         for index in 1..=shared.cfg.nodes {
-            created.push(Arc::new(shared.create_node(index)?));
+            created.push(Arc::new(shared.create_node(index, false)?));
         }
         *shared.nodes.write().expect("nodes lock") = created.clone();
         let initial_cluster = created
@@ -263,7 +276,15 @@ impl Cluster {
     /// Adds a control-plane node whose etcd joins as a learner and is
     /// promoted to a voter once it has caught up, as Talos does.
     pub async fn add_node(&self) -> Result<NodeInfo, SimError> {
-        self.shared.add_node().await
+        self.shared.add_node(false).await
+    }
+
+    /// Adds a node in maintenance mode: no configuration, its API answers
+    /// without a client certificate with a certificate of its own (see
+    /// [`NodeInfo::maintenance_fingerprint`]); applying a control-plane
+    /// configuration makes it join etcd.
+    pub async fn add_maintenance_node(&self) -> Result<NodeInfo, SimError> {
+        self.shared.add_node(true).await
     }
 
     /// Answers [`control::Request`](crate::control::Request)s on a Unix
@@ -303,12 +324,20 @@ impl Shared {
         Ok(())
     }
 
-    pub(crate) async fn add_node(self: &Arc<Self>) -> Result<NodeInfo, SimError> {
+    /// One more node: a configured control-plane node that joins etcd as
+    /// a learner, or (`maintenance`) a node without configuration whose
+    /// API waits for one.
+    pub(crate) async fn add_node(
+        self: &Arc<Self>,
+        maintenance: bool,
+    ) -> Result<NodeInfo, SimError> {
         let _one_at_a_time = self.add_lock.lock().await;
         let index = self.nodes().len() + 1;
-        let node = Arc::new(self.create_node(index)?);
+        let node = Arc::new(self.create_node(index, maintenance)?);
         self.nodes.write().expect("nodes lock").push(node.clone());
-        crate::lifecycle::join_etcd(self, &node).await?;
+        if !maintenance {
+            crate::lifecycle::join_etcd(self, &node).await?;
+        }
         crate::lifecycle::start_front(self, &node).await?;
         Ok(NodeInfo::of(&node))
     }
@@ -338,7 +367,7 @@ impl Shared {
         target == node.name || target == node.ip.to_string()
     }
 
-    fn create_node(&self, index: usize) -> Result<Node, SimError> {
+    fn create_node(&self, index: usize, maintenance: bool) -> Result<Node, SimError> {
         let cfg = &self.cfg;
         let ip = cfg.node_ip(index);
         let name = format!("cp-{index}");
@@ -352,6 +381,22 @@ impl Shared {
             cert.key_pem.as_bytes(),
         );
         let server_tls = crate::tls::server_config(&server_tls)?;
+        // A node without configuration serves a certificate from a root of
+        // its own (upstream's maintenance root, secrets/maintenance_root.go).
+        let maintenance_ca = Ca::generate()?;
+        let maintenance_cert = maintenance_ca.issue(&LeafSpec::server(
+            &[IpAddr::V4(ip), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
+            &[name.as_str(), "localhost"],
+        ))?;
+        let maintenance_tls = crate::tls::maintenance_server_config(
+            &maintenance_cert.cert_pem,
+            &maintenance_cert.key_pem,
+        )?;
+        let der = talos_client::tls::parse_certificates(
+            maintenance_cert.cert_pem.as_bytes(),
+            talos_client::tls::Material::Certificate,
+        )?;
+        let maintenance_fingerprint = talos_client::maintenance::spki_fingerprint(&der[0])?;
         Node::new(
             NodeLayout {
                 index,
@@ -363,8 +408,10 @@ impl Shared {
                 etcd_peer_port: cfg.etcd_peer_port,
                 quota_backend_bytes: cfg.quota_backend_bytes,
                 server_tls,
+                maintenance_tls,
+                maintenance_fingerprint,
             },
-            self.machine_config.clone(),
+            (!maintenance).then(|| self.machine_config.clone()),
         )
     }
 

@@ -19,6 +19,8 @@ use crate::cluster::{NodeInfo, Shared};
 pub enum Request {
     /// Add a control-plane node (an etcd learner, promoted once caught up).
     AddNode,
+    /// Add a node in maintenance mode (no configuration).
+    AddMaintenanceNode,
     /// List the nodes.
     Nodes,
     /// Write `count` keys of `value_size` bytes under `/talos-sim/fill/`.
@@ -98,7 +100,11 @@ async fn carry_out(shared: &std::sync::Arc<Shared>, request: Request) -> Reply {
         message: e.to_string(),
     };
     match request {
-        Request::AddNode => match shared.add_node().await {
+        Request::AddNode => match shared.add_node(false).await {
+            Ok(node) => Reply::Added { node },
+            Err(e) => failed(e),
+        },
+        Request::AddMaintenanceNode => match shared.add_node(true).await {
             Ok(node) => Reply::Added { node },
             Err(e) => failed(e),
         },

@@ -19,7 +19,7 @@ use tonic::server::NamedService;
 use tonic::{Code, Status};
 use tower::ServiceExt as _;
 
-use super::auth::{CallerRoles, IMPERSONATOR};
+use super::auth::{CallerRoles, IMPERSONATOR, READER};
 use super::machined::Machined;
 use super::proxy::{self, MethodKind};
 use super::serve::certificate_roles;
@@ -107,6 +107,13 @@ fn caller_roles(request: &http::Request<Body>) -> Vec<String> {
 }
 
 async fn route(machined: Machined, mut request: http::Request<Body>) -> http::Response<Body> {
+    if !machined.node.is_configured() {
+        // Maintenance mode: every caller is a reader (ApplyConfiguration
+        // allows it there) and nothing is routed to other nodes
+        // (runtime/api_service_config.go: ReadonlyRoleMode,
+        // NodeRoutingDisabled).
+        return local(&machined, request, vec![READER.to_string()]).await;
+    }
     let roles = caller_roles(&request);
     if request.headers().contains_key("proxyfrom") {
         return local(&machined, request, roles).await;

@@ -36,6 +36,7 @@ mod kubeconfig;
 mod lifecycle;
 mod machined;
 mod machined_etcd;
+mod maintenance;
 pub mod node;
 pub mod pki;
 mod proxy;

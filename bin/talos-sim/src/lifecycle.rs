@@ -27,7 +27,7 @@ pub(crate) async fn start_front(shared: &Arc<Shared>, node: &Arc<Node>) -> Resul
         shared: shared.clone(),
     };
     let (machine_front, cluster_front) = front::services(machined);
-    let incoming = tls_incoming(listener, node.server_tls.clone(), token.clone());
+    let incoming = tls_incoming(listener, node.api_tls(), token.clone());
     tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .add_service(machine_front)

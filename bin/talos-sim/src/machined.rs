@@ -297,6 +297,17 @@ impl MachineService for Machined {
                 "configuration was already applied and node is rebooting, cannot apply more configuration changes until next reboot",
             ));
         }
+        if !self.node.is_configured() {
+            return crate::maintenance::apply(
+                &self.shared,
+                &self.node,
+                request.into_inner(),
+                ACTION_DELAY,
+            );
+        }
+        if !super::auth::is_admin(&request) {
+            return Err(Status::permission_denied("not authorized"));
+        }
         let request = request.into_inner();
         // Talos 1.13.9 cancels a pending TRY rollback for any request that is
         // not itself TRY, before parsing or validating it: dry runs and

@@ -33,6 +33,11 @@ enum Command {
     AddNode {
         /// The directory `talos-sim up` runs in.
         dir: PathBuf,
+        /// Start it in maintenance mode: no configuration, an API that
+        /// takes no client certificate (prints its certificate fingerprint
+        /// for `apply-config --insecure --cert-fingerprint`).
+        #[arg(long)]
+        maintenance: bool,
     },
     /// Write COUNT keys of VALUE_SIZE bytes into the cluster running in DIR.
     Fill {
@@ -92,7 +97,7 @@ async fn main() -> std::process::ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Up(args) => up(args).await,
-        Command::AddNode { dir } => add_node(&dir).await,
+        Command::AddNode { dir, maintenance } => add_node(&dir, maintenance).await,
         Command::Fill {
             dir,
             count,
@@ -195,14 +200,25 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `add-node DIR`: one more control-plane node in the running cluster.
-async fn add_node(dir: &Path) -> anyhow::Result<()> {
-    match control::send(dir, &Request::AddNode).await? {
+/// `add-node DIR [--maintenance]`: one more node in the running cluster.
+async fn add_node(dir: &Path, maintenance: bool) -> anyhow::Result<()> {
+    let request = if maintenance {
+        Request::AddMaintenanceNode
+    } else {
+        Request::AddNode
+    };
+    match control::send(dir, &request).await? {
         Reply::Added { node } => {
-            println!(
-                "added {} at {} (etcd learner, promoted once caught up)",
-                node.name, node.api
-            );
+            match &node.maintenance_fingerprint {
+                Some(fingerprint) => println!(
+                    "added {} at {} in maintenance mode\ncertificate fingerprint: {fingerprint}\napply a configuration: talosctl-rs apply-config --insecure --cert-fingerprint '{fingerprint}' -n {} -f controlplane.yaml",
+                    node.name, node.api, node.api
+                ),
+                None => println!(
+                    "added {} at {} (etcd learner, promoted once caught up)",
+                    node.name, node.api
+                ),
+            }
             Ok(())
         }
         other => bail!("unexpected reply to add-node: {other:?}"),

@@ -67,6 +67,11 @@ pub struct Node {
     quota_backend_bytes: u64,
     dir: PathBuf,
     pub(crate) server_tls: Arc<ServerConfig>,
+    /// The API's TLS while the node has no configuration (maintenance).
+    pub(crate) maintenance_tls: Arc<ServerConfig>,
+    /// The SPKI fingerprint of the maintenance certificate, as a real node
+    /// prints it on its console for `--cert-fingerprint`.
+    pub maintenance_fingerprint: String,
     etcd: tokio::sync::Mutex<Option<EtcdProcess>>,
     pub(crate) config: Mutex<ConfigState>,
     pub(crate) apply_lock: tokio::sync::Mutex<()>,
@@ -89,10 +94,17 @@ pub(crate) struct NodeLayout {
     pub quota_backend_bytes: u64,
     pub dir: PathBuf,
     pub server_tls: Arc<ServerConfig>,
+    pub maintenance_tls: Arc<ServerConfig>,
+    pub maintenance_fingerprint: String,
 }
 
 impl Node {
-    pub(crate) fn new(layout: NodeLayout, machine_config: String) -> Result<Node, SimError> {
+    /// A node with `machine_config` persisted, or in maintenance mode
+    /// (no configuration) when it is `None`.
+    pub(crate) fn new(
+        layout: NodeLayout,
+        machine_config: Option<String>,
+    ) -> Result<Node, SimError> {
         let node = Node {
             index: layout.index,
             name: layout.name,
@@ -103,9 +115,11 @@ impl Node {
             quota_backend_bytes: layout.quota_backend_bytes,
             dir: layout.dir,
             server_tls: layout.server_tls,
+            maintenance_tls: layout.maintenance_tls,
+            maintenance_fingerprint: layout.maintenance_fingerprint,
             etcd: tokio::sync::Mutex::new(None),
             config: Mutex::new(ConfigState {
-                active: machine_config.clone(),
+                active: machine_config.clone().unwrap_or_default(),
                 ..ConfigState::default()
             }),
             apply_lock: tokio::sync::Mutex::new(()),
@@ -119,8 +133,10 @@ impl Node {
             let path = node.volume(label);
             std::fs::create_dir_all(&path).map_err(|e| SimError::io(&path, e))?;
         }
-        node.persist_config(&machine_config)
-            .map_err(|e| SimError::io(&node.config_path(), e))?;
+        if let Some(config) = &machine_config {
+            node.persist_config(config)
+                .map_err(|e| SimError::io(&node.config_path(), e))?;
+        }
         let meta = node.volume("META").join("meta");
         std::fs::write(&meta, b"simulated META").map_err(|e| SimError::io(&meta, e))?;
         Ok(node)
@@ -169,6 +185,16 @@ impl Node {
     /// maintenance mode: no machine type, no etcd).
     pub fn is_configured(&self) -> bool {
         self.config_path().exists()
+    }
+
+    /// The TLS its API serves with now: the cluster's once configured,
+    /// the maintenance one before.
+    pub(crate) fn api_tls(&self) -> Arc<ServerConfig> {
+        if self.is_configured() {
+            self.server_tls.clone()
+        } else {
+            self.maintenance_tls.clone()
+        }
     }
 
     pub(crate) fn persist_config(&self, yaml: &str) -> std::io::Result<()> {

@@ -40,6 +40,27 @@ pub fn server_config(identity: &Credentials) -> Result<Arc<ServerConfig>, TlsErr
     Ok(Arc::new(config))
 }
 
+/// The rustls configuration of a node in maintenance mode: a certificate
+/// from the node's own maintenance root, no client certificate asked for
+/// (upstream's SkipVerifyingClientCert,
+/// internal/app/machined/pkg/controllers/secrets/api.go and
+/// runtime/api_service_config.go).
+pub fn maintenance_server_config(
+    cert_pem: &str,
+    key_pem: &str,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = parse_certificates(cert_pem.as_bytes(), Material::Certificate)?;
+    let key = parse_private_key(key_pem.as_bytes())?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|source| TlsError::UnusableKey { source })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// The roles a peer certificate grants: its subject's Organization values.
 pub fn roles_of(der: &[u8]) -> Result<Vec<String>, TlsError> {
     Ok(CertificateInfo::from_der(der, Material::Certificate)?.roles)

@@ -22,6 +22,15 @@ pub struct ApplyArgs {
     /// The config will be rolled back after this timeout (try mode).
     #[arg(long, default_value = "1m", value_parser = parse_go_duration)]
     pub timeout: Duration,
+    /// Apply to a node in maintenance mode: no client certificate, the
+    /// nodes (-n) are the endpoints. The server is not verified unless
+    /// --cert-fingerprint is given.
+    #[arg(short, long)]
+    pub insecure: bool,
+    /// With --insecure: accept the node only if its certificate's SPKI
+    /// fingerprint (base64 SHA-256, as the node prints it) is this one.
+    #[arg(long = "cert-fingerprint", value_name = "FP", requires = "insecure")]
+    pub cert_fingerprint: Vec<String>,
 }
 
 fn parse_mode(value: &str) -> Result<ApplyMode, String> {
@@ -83,6 +92,9 @@ pub async fn run(global: &Global, args: ApplyArgs) -> anyhow::Result<()> {
         dry_run: args.dry_run,
         try_timeout: Some(args.timeout),
     };
+    if args.insecure {
+        return apply_insecure(global, request, &args.cert_fingerprint).await;
+    }
     let replies = global
         .connect_many()?
         .apply_configuration(request)
@@ -110,6 +122,53 @@ pub async fn run(global: &Global, args: ApplyArgs) -> anyhow::Result<()> {
             "confirm with a non-try apply (e.g. -m no-reboot) before {} passes, or it rolls back",
             humanize_duration(args.timeout)
         );
+    }
+    Ok(())
+}
+
+/// `--insecure`: each node (-n) is its own endpoint, in maintenance mode.
+async fn apply_insecure(
+    global: &Global,
+    request: ApplyRequest,
+    fingerprints: &[String],
+) -> anyhow::Result<()> {
+    use talos_client::maintenance::MaintenanceClient;
+    if global.nodes.is_empty() {
+        return Err(Usage("--insecure needs the node to apply to (-n NODE)".into()).into());
+    }
+    let pins: Vec<&str> = fingerprints.iter().map(String::as_str).collect();
+    let mut results = Vec::new();
+    for node in &global.nodes {
+        let client = if pins.is_empty() {
+            MaintenanceClient::dangerous_unverified(node)
+        } else {
+            MaintenanceClient::pinned(node, &pins)
+        }
+        .with_context(|| format!("node {node}"))?;
+        let result = client
+            .apply_configuration(request.clone())
+            .await
+            .with_context(|| format!("error applying new configuration to {node}"))?;
+        if global.output == Output::Table {
+            let prefix = if global.nodes.len() > 1 {
+                format!("{node}: ")
+            } else {
+                String::new()
+            };
+            for warning in &result.warnings {
+                eprintln!("{prefix}WARNING: {warning}");
+            }
+            eprintln!("{prefix}{}", result.mode_details);
+        }
+        results.push(serde_json::json!({
+            "node": node,
+            "mode": result.mode,
+            "mode_details": result.mode_details,
+            "warnings": result.warnings,
+        }));
+    }
+    if global.output != Output::Table {
+        super::print_structured(global.output, &results)?;
     }
     Ok(())
 }

@@ -66,6 +66,23 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// Reads the configuration file named in an operation's `params` again and
+/// checks it is the one planned with (the journal keeps its path and hash,
+/// never its contents: a machine configuration holds keys).
+pub(crate) fn load_planned_file(params: &serde_json::Value) -> Result<Vec<u8>, OpsError> {
+    let path = params["config_path"].as_str().unwrap_or_default();
+    let config = std::fs::read(path).map_err(|source| OpsError::Io {
+        path: path.into(),
+        source,
+    })?;
+    if params["config_sha256"].as_str() != Some(sha256_hex(&config).as_str()) {
+        return Err(OpsError::Refused(format!(
+            "{path} changed since the operation was planned: put the planned file back, or abandon the operation"
+        )));
+    }
+    Ok(config)
+}
+
 /// Reads a node's persisted configuration.
 pub(crate) async fn read_config(client: &Client, node: &str) -> Result<Vec<u8>, Error> {
     let mut stream = client.node(node).read(CONFIG_PATH).await?;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
 
-use super::apply::{DryRun, no_changes, read_config, sha256_hex, try_dry_run};
+use super::apply::{DryRun, no_changes, read_config, try_dry_run};
 use super::cluster::ClusterView;
 use super::config_diff::Documents;
 use super::{Ops, OpsError, Outcome, fact};
@@ -31,16 +31,7 @@ impl Params {
     /// contents: a machine configuration holds keys).
     fn load(facts: &Map<String, Value>) -> Result<Params, OpsError> {
         let params = facts.get("params").cloned().unwrap_or_default();
-        let path = params["config_path"].as_str().unwrap_or_default();
-        let config = std::fs::read(path).map_err(|source| OpsError::Io {
-            path: path.into(),
-            source,
-        })?;
-        if params["config_sha256"].as_str() != Some(sha256_hex(&config).as_str()) {
-            return Err(OpsError::Refused(format!(
-                "{path} changed since the operation was planned: put the planned file back, or abandon the operation"
-            )));
-        }
+        let config = super::apply::load_planned_file(&params)?;
         Ok(Params {
             config,
             try_timeout: Duration::from_millis(

@@ -105,12 +105,28 @@ impl ClusterView {
         self.members.iter().any(|m| m.id == id)
     }
 
-    /// The member named by `node`: a hostname or an address.
+    /// The member named by `node`: a hostname or an address (a `:port`
+    /// after it, as an API endpoint has, is ignored).
     pub fn find(&self, node: &str) -> Option<&EtcdMember> {
-        self.members
-            .iter()
-            .find(|m| m.hostname == node || member_address(m).as_deref() == Some(node))
+        let host = host_of(node);
+        self.members.iter().find(|m| {
+            m.hostname == node || m.hostname == host || member_address(m).as_deref() == Some(host)
+        })
     }
+}
+
+/// `node` without a trailing `:port` (and without IPv6 brackets).
+pub(crate) fn host_of(node: &str) -> &str {
+    let host = match node.rsplit_once(':') {
+        Some((h, port))
+            if port.chars().all(|c| c.is_ascii_digit())
+                && (h.starts_with('[') || !h.contains(':')) =>
+        {
+            h
+        }
+        _ => node,
+    };
+    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 pub(crate) fn names(members: &[EtcdMember]) -> Vec<String> {

@@ -1,20 +1,60 @@
 //! `join NODE`: wait until a new control-plane node is a voting etcd member
-//! (its learner promoted) and every member is healthy. Changes nothing.
+//! (its learner promoted) and every member is healthy. With a configuration
+//! it first applies it to NODE in maintenance mode (the seeds'
+//! `apply-config --insecure`), which makes NODE join.
 
 use std::time::{Duration, Instant};
 
+use std::path::PathBuf;
+
 use serde_json::json;
 
-use super::cluster::{ClusterView, names};
+use super::apply::{load_planned_file, sha256_hex};
+use super::cluster::{ClusterView, host_of, names};
 use super::{OpKind, Ops, OpsError, Outcome, Plan, PlannedStep, fact};
+use crate::client::{ApplyMode, ApplyRequest};
+use crate::maintenance::MaintenanceClient;
 
 /// Options of [`Ops::plan_join`].
 #[derive(Debug, Clone)]
 pub struct JoinOptions {
-    /// The new node: hostname or address.
+    /// The new node: hostname or address (`host:port` for a maintenance
+    /// node on another port).
     pub node: String,
     /// How long to wait.
     pub timeout: Duration,
+    /// A configuration to apply to NODE in maintenance mode first.
+    pub maintenance: Option<MaintenanceApply>,
+}
+
+/// A control-plane configuration for a node in maintenance mode.
+#[derive(Debug, Clone)]
+pub struct MaintenanceApply {
+    /// The file (named in messages; read again on resume).
+    pub config_path: PathBuf,
+    /// Its contents.
+    pub config: Vec<u8>,
+    /// SPKI fingerprints the node's certificate must match; empty: the
+    /// node is NOT verified (talosctl's bare `--insecure`).
+    pub cert_fingerprints: Vec<String>,
+}
+
+fn maintenance_client(node: &str, pins: &[String]) -> Result<MaintenanceClient, crate::Error> {
+    if pins.is_empty() {
+        MaintenanceClient::dangerous_unverified(node)
+    } else {
+        let pins: Vec<&str> = pins.iter().map(String::as_str).collect();
+        MaintenanceClient::pinned(node, &pins)
+    }
+}
+
+fn pins_of(params: &serde_json::Value) -> Vec<String> {
+    params["cert_fingerprints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect()
 }
 
 impl Ops {
@@ -31,23 +71,103 @@ impl Ops {
                 after - 1
             ));
         }
+        let mut steps = Vec::new();
+        let mut params = json!({ "node": options.node, "timeout_s": options.timeout.as_secs() });
+        if let Some(m) = &options.maintenance {
+            steps.push(self.preflight_maintenance(&view, &options.node, m).await?);
+            params["config_path"] = json!(m.config_path);
+            params["config_sha256"] = json!(sha256_hex(&m.config));
+            params["cert_fingerprints"] = json!(m.cert_fingerprints);
+        }
+        steps.push(PlannedStep {
+            name: "wait-voter".into(),
+            description: format!(
+                "wait up to {} s until {} is a voting member and every member is healthy",
+                options.timeout.as_secs(),
+                options.node
+            ),
+            destructive: false,
+        });
         let mut facts = serde_json::Map::new();
         facts.insert("node".into(), json!(options.node));
         Ok(Plan {
             kind: OpKind::Join,
-            params: json!({ "node": options.node, "timeout_s": options.timeout.as_secs() }),
-            steps: vec![PlannedStep {
-                name: "wait-voter".into(),
-                description: format!(
-                    "wait up to {} s until {} is a voting member and every member is healthy",
-                    options.timeout.as_secs(),
-                    options.node
-                ),
-                destructive: false,
-            }],
+            params,
+            steps,
             notes,
             facts,
         })
+    }
+
+    /// Refuses unless NODE answers in maintenance mode and is no member
+    /// yet; returns the apply step.
+    pub(super) async fn preflight_maintenance(
+        &self,
+        view: &ClusterView,
+        node: &str,
+        m: &MaintenanceApply,
+    ) -> Result<PlannedStep, OpsError> {
+        let file = m.config_path.display();
+        if let Some(member) = view.find(node) {
+            return Err(OpsError::Refused(format!(
+                "{node} is already etcd member {} ({}): it is not in maintenance mode; drop --config",
+                member.id, member.hostname
+            )));
+        }
+        super::config_diff::Documents::parse(&m.config)
+            .map_err(|e| OpsError::Refused(format!("{file}: {e}")))?;
+        let client = maintenance_client(node, &m.cert_fingerprints)?;
+        client.version().await.map_err(|e| {
+            OpsError::Refused(format!("{node} does not answer in maintenance mode: {e}"))
+        })?;
+        let verified = if m.cert_fingerprints.is_empty() {
+            "its certificate NOT verified (--insecure)".to_string()
+        } else {
+            format!(
+                "its certificate pinned to {}",
+                m.cert_fingerprints.join(", ")
+            )
+        };
+        Ok(PlannedStep {
+            name: "apply-config".into(),
+            description: format!(
+                "apply {file} to {node} in maintenance mode, {verified}: it boots configured and joins etcd as a learner"
+            ),
+            destructive: true,
+        })
+    }
+
+    /// Applies the planned file to the maintenance node.
+    pub(super) async fn apply_in_maintenance(
+        &self,
+        facts: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Outcome, OpsError> {
+        let params = facts.get("params").cloned().unwrap_or_default();
+        let config = load_planned_file(&params)?;
+        let node = fact(facts, "node");
+        let client = maintenance_client(node, &pins_of(&params))?;
+        let result = client
+            .apply_configuration(ApplyRequest::new(config, ApplyMode::Auto))
+            .await?;
+        Ok(Outcome::done(format!(
+            "{node}: {}",
+            result.mode_details.replace('\n', "; ")
+        )))
+    }
+
+    /// An apply in maintenance mode in flight at a crash is done when the
+    /// node is an etcd member or answers with the cluster's certificate.
+    pub(super) async fn reconcile_maintenance_apply(
+        &self,
+        facts: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Option<Outcome>, OpsError> {
+        let node = fact(facts, "node");
+        let member = ClusterView::read(&self.client)
+            .await
+            .is_ok_and(|v| v.find(node).is_some());
+        let configured = self.client.node(host_of(node)).version().await.is_ok();
+        Ok((member || configured)
+            .then(|| Outcome::done(format!("reconciled: {node} had taken the configuration"))))
     }
 
     pub(super) async fn join_step(
@@ -55,6 +175,9 @@ impl Ops {
         step: &str,
         facts: &mut serde_json::Map<String, serde_json::Value>,
     ) -> Result<Outcome, OpsError> {
+        if step == "apply-config" {
+            return self.apply_in_maintenance(facts).await;
+        }
         if step != "wait-voter" {
             return Err(OpsError::step(step, "unknown step"));
         }

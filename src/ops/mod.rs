@@ -16,7 +16,9 @@
 //!   until the node is silent;
 //! - [`Ops::plan_join`]: wait until a new member is a healthy voter;
 //! - [`Ops::plan_apply`]: a configuration on trial (TRY), a health gate
-//!   within the try window, then confirmation or a verified rollback.
+//!   within the try window, then confirmation or a verified rollback;
+//! - [`Ops::plan_migrate`]: join a new node (from maintenance mode), then
+//!   retire an old one, as one operation.
 
 mod apply;
 mod apply_steps;
@@ -26,6 +28,7 @@ mod guard;
 mod join;
 mod journal;
 mod lock;
+mod migrate;
 mod retire;
 mod snapshot;
 
@@ -41,9 +44,10 @@ use crate::config::ResolvedContext;
 pub use apply::ApplyOptions;
 pub use config_diff::ConfigParseError;
 pub use guard::check_plain_reset;
-pub use join::JoinOptions;
+pub use join::{JoinOptions, MaintenanceApply};
 pub use journal::{Journal, OpRecord, OpState, StepRecord, StepState};
 pub use lock::ClusterLock;
+pub use migrate::MigrateOptions;
 pub use retire::RetireOptions;
 pub use snapshot::SnapshotOptions;
 
@@ -159,6 +163,8 @@ pub enum OpKind {
     Join,
     /// Apply a configuration on trial, gate it on health, then confirm.
     Apply,
+    /// Join a new node, then retire an old one.
+    Migrate,
 }
 
 impl OpKind {
@@ -168,6 +174,7 @@ impl OpKind {
             OpKind::Retire => "retire",
             OpKind::Join => "join",
             OpKind::Apply => "apply",
+            OpKind::Migrate => "migrate",
         }
     }
 }
@@ -556,6 +563,7 @@ impl Ops {
             "retire" => self.retire_step(step, facts).await,
             "join" => self.join_step(step, facts).await,
             "apply" => self.apply_step(step, facts).await,
+            "migrate" => self.migrate_step(step, facts).await,
             other => Err(OpsError::step(
                 step,
                 format!("unknown operation kind {other:?}"),
@@ -569,13 +577,18 @@ impl Ops {
         step: &str,
         facts: &mut serde_json::Map<String, serde_json::Value>,
     ) -> Result<Outcome, OpsError> {
-        if kind == "retire"
+        if (kind == "retire" || kind == "migrate")
             && let Some(outcome) = self.reconcile_retire(step, facts).await?
         {
             return Ok(outcome);
         }
         if kind == "apply"
             && let Some(outcome) = self.reconcile_apply(step, facts).await?
+        {
+            return Ok(outcome);
+        }
+        if step == "apply-config"
+            && let Some(outcome) = self.reconcile_maintenance_apply(facts).await?
         {
             return Ok(outcome);
         }

@@ -141,7 +141,7 @@ impl Ops {
         })
     }
 
-    fn refuse_only_endpoint(&self, node: &str, address: &str) -> Result<(), OpsError> {
+    pub(super) fn refuse_only_endpoint(&self, node: &str, address: &str) -> Result<(), OpsError> {
         let hosts: Vec<String> = self
             .endpoints
             .iter()
@@ -338,7 +338,7 @@ fn reset_request(params: &serde_json::Value) -> ResetRequest {
 }
 
 /// The quorum rules of a retire of member `id`.
-fn check_quorum(view: &ClusterView, id: MemberId, name: &str) -> Result<(), OpsError> {
+pub(super) fn check_quorum(view: &ClusterView, id: MemberId, name: &str) -> Result<(), OpsError> {
     let refuse = |reason: String| Err(OpsError::Refused(reason));
     if let Some(learner) = view.members.iter().find(|m| m.is_learner) {
         return refuse(format!(

@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use talos_client::ops::{
-    ApplyOptions, Event, JoinOptions, OpRecord, Ops, Plan, RetireOptions, SnapshotOptions,
-    StepState, default_state_dir,
+    ApplyOptions, Event, JoinOptions, MaintenanceApply, MigrateOptions, OpRecord, Ops, Plan,
+    RetireOptions, SnapshotOptions, StepState, default_state_dir,
 };
 
 use super::apply::parse_go_duration;
@@ -32,6 +32,43 @@ pub struct OpsArgs {
     pub yes: bool,
     #[command(subcommand)]
     pub command: OpsCommand,
+}
+
+/// A configuration for a node in maintenance mode.
+#[derive(clap::Args)]
+pub struct MaintenanceArgs {
+    /// Apply this control-plane configuration to the node, which is in
+    /// maintenance mode, before waiting for it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Accept the maintenance node's certificate only with this SPKI
+    /// fingerprint (as the node prints it).
+    #[arg(long = "cert-fingerprint", value_name = "FP", requires = "config")]
+    cert_fingerprint: Vec<String>,
+    /// Do not verify the maintenance node at all (anyone on the path can
+    /// read the configuration and its keys).
+    #[arg(long, requires = "config", conflicts_with = "cert_fingerprint")]
+    insecure: bool,
+}
+
+impl MaintenanceArgs {
+    fn load(self) -> anyhow::Result<Option<MaintenanceApply>> {
+        let Some(path) = self.config else {
+            return Ok(None);
+        };
+        if self.cert_fingerprint.is_empty() && !self.insecure {
+            bail!(
+                "--config is applied in maintenance mode, where the node has no certificate from the cluster's CA: pass --cert-fingerprint FP (the node prints it) or --insecure to skip verification"
+            );
+        }
+        let config = std::fs::read(&path)
+            .with_context(|| format!("reading the configuration {}", path.display()))?;
+        Ok(Some(MaintenanceApply {
+            config_path: std::path::absolute(&path).unwrap_or(path),
+            config,
+            cert_fingerprints: self.cert_fingerprint,
+        }))
+    }
 }
 
 #[derive(Subcommand)]
@@ -62,12 +99,41 @@ pub enum OpsCommand {
         #[arg(long, default_value = "2m", value_parser = parse_go_duration)]
         timeout: Duration,
     },
-    /// Wait until a new node is a voting etcd member and all are healthy.
+    /// Wait until a new node is a voting etcd member and all are healthy;
+    /// with --config, first apply it to the node in maintenance mode.
     Join {
-        /// The node: hostname or address.
+        /// The node: hostname or address (host:port for a maintenance node
+        /// on another port).
         node: String,
         /// How long to wait.
         #[arg(long, default_value = "10m", value_parser = parse_go_duration)]
+        timeout: Duration,
+        #[command(flatten)]
+        maintenance: MaintenanceArgs,
+    },
+    /// Join NEW (from maintenance mode with --config), then retire OLD: the
+    /// seeds' night as one operation.
+    Migrate {
+        /// The node to retire.
+        #[arg(long, value_name = "OLD")]
+        from: String,
+        /// The node that takes its place.
+        #[arg(long, value_name = "NEW")]
+        to: String,
+        #[command(flatten)]
+        maintenance: MaintenanceArgs,
+        /// How long NEW may take to become a healthy voter.
+        #[arg(long, default_value = "10m", value_parser = parse_go_duration)]
+        join_timeout: Duration,
+        /// A system label to wipe on OLD (repeatable; default STATE and
+        /// EPHEMERAL).
+        #[arg(long = "wipe", value_name = "LABEL")]
+        wipe: Vec<String>,
+        /// Where the verified snapshot goes (default: STATE_DIR/snapshots).
+        #[arg(long)]
+        snapshot_dir: Option<PathBuf>,
+        /// How long to wait for OLD to go silent.
+        #[arg(long, default_value = "2m", value_parser = parse_go_duration)]
         timeout: Duration,
     },
     /// Apply a configuration safely to the nodes given with -n, one at a
@@ -152,7 +218,38 @@ pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
             })
             .await?
         }
-        OpsCommand::Join { node, timeout } => ops.plan_join(&JoinOptions { node, timeout }).await?,
+        OpsCommand::Join {
+            node,
+            timeout,
+            maintenance,
+        } => {
+            ops.plan_join(&JoinOptions {
+                node,
+                timeout,
+                maintenance: maintenance.load()?,
+            })
+            .await?
+        }
+        OpsCommand::Migrate {
+            from,
+            to,
+            maintenance,
+            join_timeout,
+            wipe,
+            snapshot_dir,
+            timeout,
+        } => {
+            ops.plan_migrate(&MigrateOptions {
+                from,
+                to,
+                maintenance: maintenance.load()?,
+                join_timeout,
+                wipe,
+                snapshot_dir: snapshots(snapshot_dir),
+                silence_timeout: timeout,
+            })
+            .await?
+        }
         OpsCommand::Apply {
             file,
             expect_change,

@@ -13,7 +13,9 @@
 //! runs the same checks on a file already on disk.
 //!
 //! - [`bbolt`]: a read-only bbolt reader using positioned reads (no mmap);
-//! - [`status`]: `etcdctl snapshot status`'s hash, revision, key count, size.
+//! - [`status`]: etcd's snapshot status (hash, revision, key counts, size) as
+//!   talosctl computes it with etcd 3.6's `etcdutl`, with etcd 3.4's key
+//!   count alongside.
 
 pub mod bbolt;
 mod save;
@@ -45,7 +47,8 @@ pub struct SnapshotReport {
     /// sha256 of the contents (everything before the trailer), hex; equal
     /// to the trailer.
     pub sha256: String,
-    /// etcd's status: hash, revision, total keys, total size.
+    /// etcd's status: hash, revision, total keys (etcd 3.6), total entries
+    /// (etcd 3.4's total keys), total size.
     #[serde(flatten)]
     pub status: Status,
 }

@@ -35,6 +35,9 @@ pub fn run(global: &Global, command: SnapshotCommand) -> anyhow::Result<()> {
     }
 }
 
+/// talosctl's line (`cmd/talosctl/cmd/talos/etcd.go`, v1.13.9), with its
+/// numbers: total keys as etcd 3.6's `etcdutl` counts them (live keys), not
+/// etcd 3.4's every-entry count, which only the JSON output carries.
 fn print_info(report: &SnapshotReport) {
     println!(
         "snapshot info: hash {:08x}, revision {}, total keys {}, total size {}",

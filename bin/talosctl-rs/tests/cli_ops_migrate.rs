@@ -222,3 +222,66 @@ async fn apply_config_insecure_checks_the_pinned_fingerprint() {
             .is_err()
     );
 }
+
+/// A migrate killed at `point` (`started:STEP` or `answered:STEP`) shows the
+/// step in flight and resumes to the same end as an uninterrupted run.
+async fn crash_and_resume_migrate(point: &str) {
+    let f = Fixture::start(1).await;
+    let new = f.sim.cluster.add_maintenance_node().await.unwrap();
+    let fingerprint = new.maintenance_fingerprint.clone().unwrap();
+    run(&f.talosconfig(), &["config", "add-endpoint", &new.api])
+        .await
+        .ok();
+    let old = f.sim.ip(1);
+    let config = controlplane(&f);
+    let args = [
+        "--yes",
+        "migrate",
+        "--from",
+        &old,
+        "--to",
+        &new.api,
+        "--config",
+        &config,
+        "--cert-fingerprint",
+        &fingerprint,
+    ];
+    let crashed = f.ops_with(&f.talosconfig(), &args, Some(point)).await;
+    assert_ne!(
+        crashed.code, 0,
+        "the CLI was to die at {point}:\n{}",
+        crashed.stderr
+    );
+    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let shown = f.ops(&["show", &id]).await.ok().json();
+    let in_flight: Vec<_> = shown["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "running")
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(in_flight, [point.split_once(':').unwrap().1], "{shown}");
+    let resumed = f.ops(&["resume", &id]).await.ok().json();
+    assert_eq!(resumed["state"], "succeeded", "{resumed}");
+    let client = f.sim.admin();
+    let members = client
+        .node(new.ip.to_string())
+        .etcd_member_list(false)
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 1, "{members:?}");
+    assert_eq!(members[0].hostname, "cp-2");
+    assert!(!members[0].is_learner);
+    assert!(client.node(old.as_str()).version().await.is_err());
+}
+
+#[tokio::test]
+async fn migrate_crash_after_the_maintenance_apply_answered() {
+    crash_and_resume_migrate("answered:apply-config").await;
+}
+
+#[tokio::test]
+async fn migrate_crash_after_the_leave_answered() {
+    crash_and_resume_migrate("answered:leave").await;
+}

@@ -25,6 +25,11 @@ pub enum OpState {
     Failed,
     /// Ended by `abandon` without further action.
     Abandoned,
+    /// Cancelled before any destructive step; nothing was changed.
+    Cancelled,
+    /// Interrupted with a step in flight that is not safe to continue
+    /// unattended: a person decides (`resume` or `abandon`).
+    NeedsAttention,
 }
 
 /// Where a step stands.

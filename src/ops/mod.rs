@@ -31,6 +31,7 @@ mod lock;
 mod migrate;
 mod retire;
 mod snapshot;
+mod stop;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -50,6 +51,7 @@ pub use lock::ClusterLock;
 pub use migrate::MigrateOptions;
 pub use retire::RetireOptions;
 pub use snapshot::SnapshotOptions;
+pub use stop::{CancelRefused, StopHandle};
 
 use journal::StepEnd;
 
@@ -75,6 +77,24 @@ pub enum OpsError {
         /// Its id.
         id: String,
         /// The step in flight, or the next one.
+        step: String,
+    },
+    /// The operation was parked at a step boundary on request
+    /// ([`StopHandle::park`]); it stays resumable.
+    #[error("operation {id} parked before step {step:?}: resume it to go on")]
+    Parked {
+        /// Its id.
+        id: String,
+        /// The next step.
+        step: String,
+    },
+    /// The operation was cancelled before any destructive step
+    /// ([`StopHandle::cancel`]).
+    #[error("operation {id} cancelled before step {step:?}; nothing was changed")]
+    Cancelled {
+        /// Its id.
+        id: String,
+        /// The step it stopped before.
         step: String,
     },
     /// A step failed.
@@ -286,6 +306,8 @@ pub struct Ops {
     journal: Journal,
     /// When the leave of a retire was answered (for the gap to the reset).
     leave_answered: Option<Instant>,
+    /// Park or cancel requests from outside, checked at step boundaries.
+    stop: StopHandle,
 }
 
 /// The default state directory: `$XDG_STATE_HOME/talosctl-rs`, else
@@ -317,7 +339,29 @@ impl Ops {
             state_dir: state_dir.to_owned(),
             journal: Journal::open(state_dir)?,
             leave_answered: None,
+            stop: StopHandle::new(),
         })
+    }
+
+    /// Lets `stop` park or cancel the next [`Ops::run`] or [`Ops::resume`]
+    /// at a step boundary.
+    pub fn set_stop(&mut self, stop: StopHandle) {
+        self.stop = stop;
+    }
+
+    /// sha256 of this cluster's CA certificate (hex), as journaled.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// Marks an interrupted operation as needing a person: it is neither
+    /// resumed nor ended, and blocks the cluster until resumed or abandoned.
+    pub fn mark_needs_attention(&mut self, id: &str) -> Result<OpRecord, OpsError> {
+        let record = self.resumable(id)?;
+        let _lock = ClusterLock::acquire(&self.state_dir, &self.fingerprint, &record.id)?;
+        self.journal
+            .set_state(&record.id, OpState::NeedsAttention)?;
+        self.journal.get(&record.id)
     }
 
     /// The journal.
@@ -413,7 +457,10 @@ impl Ops {
                 context: record.context,
             });
         }
-        if matches!(record.state, OpState::Succeeded | OpState::Abandoned) {
+        if matches!(
+            record.state,
+            OpState::Succeeded | OpState::Abandoned | OpState::Cancelled
+        ) {
             return Err(OpsError::NotResumable {
                 id: record.id,
                 state: record.state,
@@ -430,7 +477,7 @@ impl Ops {
             .journal
             .list(Some(&self.fingerprint))?
             .into_iter()
-            .find(|op| op.state == OpState::Running);
+            .find(|op| matches!(op.state, OpState::Running | OpState::NeedsAttention));
         match interrupted {
             Some(op) => {
                 let step = op
@@ -461,6 +508,12 @@ impl Ops {
         let kind = record.kind.clone();
         let steps = record.steps.clone();
         let mut started_with_previous = false;
+        if steps
+            .iter()
+            .any(|s| s.destructive && s.state != StepState::Pending)
+        {
+            self.stop.enter_destructive();
+        }
         for (index, step) in steps.iter().enumerate() {
             if matches!(step.state, StepState::Done | StepState::Skipped) {
                 continue;
@@ -471,6 +524,7 @@ impl Ops {
             // step's end.
             let in_flight = step.state == StepState::Running;
             if !in_flight && !started_with_previous {
+                self.stop_at_boundary(&id, step)?;
                 self.journal.step_started(&id, index)?;
             }
             observe(Event::StepStarted {
@@ -496,9 +550,13 @@ impl Ops {
                 Ok(outcome) => {
                     // A destructive next step is journaled as started in the
                     // same commit, so nothing slow sits between the two.
+                    // A park or cancel stops before it, unless this step
+                    // was destructive too (a sequence runs to its end).
                     let next = steps
                         .get(index + 1)
                         .filter(|s| s.destructive)
+                        .filter(|_| step.destructive || !self.stop.is_stopping())
+                        .filter(|_| self.stop.enter_destructive())
                         .map(|_| index + 1);
                     self.journal.step_ended(
                         &id,
@@ -550,6 +608,25 @@ impl Ops {
         }
         self.journal.set_state(&id, OpState::Succeeded)?;
         self.journal.get(&id)
+    }
+
+    /// At a step boundary: ends the run as cancelled or parked when asked.
+    fn stop_at_boundary(&mut self, id: &str, step: &StepRecord) -> Result<(), OpsError> {
+        let stopped = match self.stop.at_boundary() {
+            None if !step.destructive || self.stop.enter_destructive() => return Ok(()),
+            None | Some(true) => {
+                self.journal.set_state(id, OpState::Cancelled)?;
+                OpsError::Cancelled {
+                    id: id.into(),
+                    step: step.name.clone(),
+                }
+            }
+            Some(false) => OpsError::Parked {
+                id: id.into(),
+                step: step.name.clone(),
+            },
+        };
+        Err(stopped)
     }
 
     async fn execute(

@@ -1,0 +1,14 @@
+//! Compiles the daemon's own API (`proto/opsd/v1/opsd.proto` at the
+//! workspace root) with protox (no `protoc` needed) and tonic-prost-build:
+//! server stubs for the daemon, client stubs for its tests and callers.
+
+use std::io;
+
+fn main() -> io::Result<()> {
+    println!("cargo:rerun-if-changed=../../proto/opsd");
+    let fds = protox::compile(["opsd/v1/opsd.proto"], ["../../proto"]).map_err(io::Error::other)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)
+}

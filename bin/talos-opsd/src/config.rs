@@ -1,0 +1,322 @@
+//! The daemon's TOML configuration: where its state, socket and listeners
+//! are, and the clusters it manages with their snapshot schedules. Errors
+//! name the file, the line and the key at fault.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use talos_client::config::{Overrides, ResolvedContext, TalosConfig};
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A key is malformed, unknown, missing or inconsistent.
+    #[error("{}:{line}: {key}: {message}", .path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The line at fault (from 1).
+        line: usize,
+        /// The key at fault, as a path (`cluster[0].snapshots.interval`).
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where the journal, locks and default snapshot directories live.
+    pub state_dir: Option<PathBuf>,
+    /// The Unix socket of the API.
+    pub socket: Option<PathBuf>,
+    /// Where Prometheus metrics are served (`host:port`); off when absent.
+    pub metrics_addr: Option<String>,
+    /// An optional TCP listener with mutual TLS.
+    pub tcp: Option<TcpConfig>,
+    /// The clusters managed.
+    #[serde(default, rename = "cluster")]
+    pub clusters: Vec<ClusterConfig>,
+}
+
+/// The TCP listener: mutual TLS with a client CA of its own, never plain.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcpConfig {
+    /// `host:port` to listen on.
+    pub listen: String,
+    /// The server's certificate chain (PEM).
+    pub cert: PathBuf,
+    /// The server's private key (PEM).
+    pub key: PathBuf,
+    /// The CA that signs client certificates (PEM).
+    pub client_ca: PathBuf,
+}
+
+/// One managed cluster.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Its name in the API.
+    pub name: String,
+    /// Its talosconfig.
+    pub talosconfig: PathBuf,
+    /// The context (default: the talosconfig's current one).
+    pub context: Option<String>,
+    /// Scheduled snapshots; none when absent.
+    pub snapshots: Option<SnapshotSchedule>,
+}
+
+/// When and where to take a cluster's snapshots, and what to keep.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotSchedule {
+    /// Time between snapshots (`30s`, `15m`, `6h`, `1d`).
+    pub interval: HumanDuration,
+    /// Where they go (default: STATE_DIR/snapshots/NAME).
+    pub dir: Option<PathBuf>,
+    /// Keep the newest N (0: no count limit).
+    #[serde(default)]
+    pub keep: usize,
+    /// Remove catalogued snapshots older than this.
+    pub max_age: Option<HumanDuration>,
+}
+
+/// A duration written as a number and a unit: `500ms`, `30s`, `15m`, `6h`,
+/// `7d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses `NUMBER UNIT` with unit `ms`, `s`, `m`, `h` or `d`; zero is refused.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit (ms, s, m, h, d)"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a number"))?;
+    let seconds = match unit {
+        "ms" => return nonzero(Duration::from_millis(n), text),
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86400,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?} (ms, s, m, h, d)"
+            ));
+        }
+    };
+    nonzero(Duration::from_secs(seconds), text)
+}
+
+fn nonzero(d: Duration, text: &str) -> Result<Duration, String> {
+    if d.is_zero() {
+        Err(format!("{text:?} is zero"))
+    } else {
+        Ok(d)
+    }
+}
+
+/// A cluster ready to use: its configuration and its resolved context.
+#[derive(Debug, Clone)]
+pub struct ResolvedCluster {
+    /// As configured.
+    pub config: ClusterConfig,
+    /// The talosconfig context.
+    pub context: ResolvedContext,
+}
+
+impl Config {
+    /// Reads and checks `path`: syntax, keys, durations, unique cluster
+    /// names, each talosconfig and its context.
+    pub fn load(path: &Path) -> Result<(Config, Vec<ResolvedCluster>), ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// As [`Config::load`], from text read from `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<(Config, Vec<ResolvedCluster>), ConfigError> {
+        let invalid = |line: usize, key: String, message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            line,
+            key,
+            message,
+        };
+        let config: Config = {
+            let de = toml::Deserializer::parse(text).map_err(|e| {
+                let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(1);
+                invalid(line, String::new(), e.message().to_string())
+            })?;
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                let key = e.path().to_string();
+                let inner = e.into_inner();
+                let line = inner
+                    .span()
+                    .map(|s| line_of(text, s.start))
+                    .unwrap_or_else(|| find_key_line(text, &key));
+                invalid(line, key, inner.message().to_string())
+            })?
+        };
+        let mut resolved = Vec::new();
+        for (i, cluster) in config.clusters.iter().enumerate() {
+            let key = |k: &str| format!("cluster[{i}].{k}");
+            let from = cluster_section(text, i);
+            let name_line = find_key_line(&text[from..], "name") + line_of(text, from) - 1;
+            if cluster.name.is_empty()
+                || !cluster
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(invalid(
+                    name_line,
+                    key("name"),
+                    "a cluster name is letters, digits, '-' and '_'".into(),
+                ));
+            }
+            if config.clusters[..i].iter().any(|c| c.name == cluster.name) {
+                return Err(invalid(
+                    name_line,
+                    key("name"),
+                    format!("cluster {:?} is configured twice", cluster.name),
+                ));
+            }
+            let tc_line = find_key_line(&text[from..], "talosconfig") + line_of(text, from) - 1;
+            let context = TalosConfig::read(&cluster.talosconfig)
+                .and_then(|tc| {
+                    let overrides = Overrides {
+                        context: cluster.context.clone(),
+                        ..Overrides::default()
+                    };
+                    tc.resolve(&overrides, &cluster.talosconfig)
+                })
+                .map_err(|e| invalid(tc_line, key("talosconfig"), e.to_string()))?;
+            resolved.push(ResolvedCluster {
+                config: cluster.clone(),
+                context,
+            });
+        }
+        Ok((config, resolved))
+    }
+}
+
+/// The line (from 1) of byte offset `at` in `text`.
+fn line_of(text: &str, at: usize) -> usize {
+    text[..at.min(text.len())].matches('\n').count() + 1
+}
+
+/// The first line that sets the last segment of `key` (best effort: a
+/// missing key is reported at line 1).
+fn find_key_line(text: &str, key: &str) -> usize {
+    let last = key
+        .rsplit('.')
+        .next()
+        .unwrap_or(key)
+        .split('[')
+        .next()
+        .unwrap_or(key);
+    text.lines()
+        .position(|l| {
+            let l = l.trim_start();
+            l.strip_prefix(last)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map(|i| i + 1)
+        .unwrap_or(1)
+}
+
+/// The byte offset of the `i`th `[[cluster]]` header (0 when not found).
+fn cluster_section(text: &str, i: usize) -> usize {
+    let mut offset = 0;
+    let mut seen = 0;
+    for line in text.split_inclusive('\n') {
+        if line.trim() == "[[cluster]]" {
+            if seen == i {
+                return offset;
+            }
+            seen += 1;
+        }
+        offset += line.len();
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> (usize, String, String) {
+        match Config::parse(text, Path::new("c.toml")).unwrap_err() {
+            ConfigError::Invalid {
+                line, key, message, ..
+            } => (line, key, message),
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(172800));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5y").is_err());
+    }
+
+    #[test]
+    fn a_bad_duration_names_line_and_key() {
+        let text = "state_dir = \"/tmp/x\"\n\n[[cluster]]\nname = \"a\"\ntalosconfig = \"/nonexistent\"\n[cluster.snapshots]\ninterval = \"soon\"\n";
+        let (line, key, message) = err(text);
+        assert_eq!(line, 7);
+        assert_eq!(key, "cluster[0].snapshots.interval");
+        assert!(message.contains("soon"), "{message}");
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused() {
+        let (line, key, message) = err("state_dir = \"/x\"\nsockett = \"/y\"\n");
+        assert_eq!(line, 2);
+        assert!(message.contains("sockett"), "{key}: {message}");
+    }
+
+    #[test]
+    fn a_syntax_error_names_the_line() {
+        let (line, _, _) = err("state_dir = \"/x\"\n[[cluster]\n");
+        assert_eq!(line, 2);
+    }
+
+    #[test]
+    fn a_missing_talosconfig_names_the_key() {
+        let (line, key, _) = err("[[cluster]]\nname = \"a\"\ntalosconfig = \"/nonexistent/tc\"\n");
+        assert_eq!((line, key.as_str()), (3, "cluster[0].talosconfig"));
+    }
+}

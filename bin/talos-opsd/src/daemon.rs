@@ -1,0 +1,170 @@
+//! Running the daemon: load the configuration, recover interrupted
+//! operations, serve the API on the socket (and TCP with mutual TLS when
+//! configured), schedule snapshots, serve metrics; SIGHUP reloads the
+//! clusters, SIGTERM/SIGINT park running operations and exit 0.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context as _;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::config::Config;
+use crate::manager::Manager;
+use crate::metrics::Metrics;
+use crate::proto::opsd_server::OpsdServer;
+use crate::service::Service;
+use crate::{listen, metrics, recover, schedule};
+
+/// Command-line settings that override the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--socket`.
+    pub socket: Option<PathBuf>,
+    /// `--metrics-addr`.
+    pub metrics_addr: Option<String>,
+    /// `--state-dir`.
+    pub state_dir: Option<PathBuf>,
+}
+
+/// The state directory: configured, else `/var/lib/talos-opsd` as root,
+/// else the one `talosctl-rs ops --local` uses (so they share the journal
+/// and the locks).
+pub fn state_dir(config: &Config, overrides: &Overrides) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = overrides.state_dir.clone().or(config.state_dir.clone()) {
+        return Ok(dir);
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return Ok(PathBuf::from("/var/lib/talos-opsd"));
+    }
+    talos_client::ops::default_state_dir().context("no state directory: set state_dir")
+}
+
+/// Runs until SIGTERM or SIGINT.
+pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()> {
+    let (config, clusters) = Config::load(config_path)?;
+    let state_dir = state_dir(&config, &overrides)?;
+    let socket = overrides
+        .socket
+        .clone()
+        .or(config.socket.clone())
+        .or_else(listen::default_socket)
+        .context("no socket path: set socket, --socket or $XDG_RUNTIME_DIR")?;
+    let metrics = Metrics::new();
+    let manager = Manager::new(state_dir.clone(), clusters, metrics.clone())?;
+    tracing::info!(
+        config = %config_path.display(),
+        state_dir = %state_dir.display(),
+        socket = %socket.display(),
+        clusters = manager.clusters().len(),
+        "talos-opsd starting"
+    );
+
+    let unix = listen::bind_unix(&socket)?;
+    if let Some(addr) = overrides
+        .metrics_addr
+        .clone()
+        .or(config.metrics_addr.clone())
+    {
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("metrics address {addr}"))?;
+        tracing::info!(addr = %listener.local_addr()?, "metrics served on /metrics");
+        tokio::spawn(metrics::serve(listener, metrics.clone()));
+    }
+    let tcp = match &config.tcp {
+        Some(tcp) => {
+            let tls = listen::server_tls(tcp)?;
+            let listener = tokio::net::TcpListener::bind(&tcp.listen)
+                .await
+                .with_context(|| format!("tcp.listen {}", tcp.listen))?;
+            tracing::info!(addr = %listener.local_addr()?, "mutual TLS listener");
+            Some(listen::tls_incoming(listener, tls))
+        }
+        None => None,
+    };
+
+    recover::recover(&manager).await;
+    let generation = Arc::new(AtomicU64::new(0));
+    schedule::start(&manager, &generation);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let service = OpsdServer::new(Service::new(Arc::clone(&manager)));
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let unix_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service.clone())
+            .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx.clone())),
+    );
+    let tcp_server = tcp.map(|incoming| {
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())),
+        )
+    });
+    ready();
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => reload(config_path, &manager, &generation),
+        }
+    }
+    tracing::info!("stopping: no new work; running operations park at their next step boundary");
+    manager.shutdown().await;
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), unix_server).await;
+    if let Some(server) = tcp_server {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), server).await;
+    }
+    let _ = std::fs::remove_file(&socket);
+    tracing::info!("talos-opsd stopped");
+    Ok(())
+}
+
+/// SIGHUP: the clusters and their schedules from the file again; a bad
+/// file keeps the running configuration. Listeners need a restart.
+fn reload(path: &Path, manager: &Arc<Manager>, generation: &Arc<AtomicU64>) {
+    match Config::load(path) {
+        Ok((_, clusters)) => {
+            manager.set_clusters(clusters);
+            generation.fetch_add(1, Ordering::SeqCst);
+            schedule::start(manager, generation);
+            tracing::info!(target: "audit", who = "SIGHUP", clusters = manager.clusters().len(), "configuration reloaded");
+        }
+        Err(e) => {
+            tracing::error!(target: "audit", who = "SIGHUP", "configuration not reloaded: {e}")
+        }
+    }
+}
+
+/// Tells systemd (Type=notify) the daemon is ready, when it asked.
+fn ready() {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let socket = std::os::unix::net::UnixDatagram::unbound();
+    let sent = socket.and_then(|s| {
+        let bytes = path.as_encoded_bytes();
+        if let Some(abstract_name) = bytes.strip_prefix(b"@") {
+            use std::os::linux::net::SocketAddrExt as _;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name)?;
+            s.send_to_addr(b"READY=1", &addr)
+        } else {
+            s.send_to(b"READY=1", &path)
+        }
+    });
+    if let Err(e) = sent {
+        tracing::warn!("sd_notify: {e}");
+    }
+}

@@ -1,0 +1,21 @@
+//! talos-opsd: a long-running helper on an admin host that runs the safe
+//! composite operations of `talos_client::ops` (the same code and journal
+//! as `talosctl-rs ops --local`), with its own gRPC API on a Unix socket
+//! (and optionally TCP with mutual TLS), scheduled verified snapshots with
+//! a catalogue and retention, Prometheus metrics and an audit log.
+
+pub mod catalogue;
+pub mod config;
+pub mod daemon;
+pub mod listen;
+pub mod manager;
+pub mod metrics;
+pub mod recover;
+pub mod schedule;
+pub mod service;
+
+/// The generated API (`proto/opsd/v1/opsd.proto`): client and server.
+#[allow(clippy::all, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("opsd.v1");
+}

@@ -1,0 +1,94 @@
+//! `talos-opsd`: the daemon, and `talos-opsd check-config`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use talos_opsd::config::Config;
+use talos_opsd::daemon::{self, Overrides};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Runs the safe Talos operations for an admin host: API, schedule, metrics, audit"
+)]
+struct Args {
+    /// The configuration file.
+    #[arg(
+        long,
+        global = true,
+        default_value = "/etc/talos-opsd/config.toml",
+        env = "TALOS_OPSD_CONFIG"
+    )]
+    config: PathBuf,
+    /// The API's Unix socket (default: the file's `socket`, else
+    /// $XDG_RUNTIME_DIR/talos-opsd.sock, or /run/talos-opsd/talos-opsd.sock as root).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Serve Prometheus metrics on HOST:PORT (off by default).
+    #[arg(long)]
+    metrics_addr: Option<String>,
+    /// Where the journal and locks live (default: the file's `state_dir`).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate the configuration file and exit.
+    CheckConfig,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TALOS_OPSD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    let result = match args.command {
+        Some(Command::CheckConfig) => Config::load(&args.config)
+            .map(|(_, clusters)| {
+                println!(
+                    "{}: ok ({} cluster{})",
+                    args.config.display(),
+                    clusters.len(),
+                    if clusters.len() == 1 { "" } else { "s" }
+                );
+            })
+            .map_err(anyhow::Error::from),
+        None => tokio::runtime::Runtime::new()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| {
+                rt.block_on(daemon::run(
+                    &args.config,
+                    Overrides {
+                        socket: args.socket,
+                        metrics_addr: args.metrics_addr,
+                        state_dir: args.state_dir,
+                    },
+                ))
+            }),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

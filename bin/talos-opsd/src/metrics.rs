@@ -1,0 +1,220 @@
+//! Prometheus metrics (prometheus-client), served as text on
+//! `--metrics-addr` when given: operations by kind and result, their
+//! duration, the last successful snapshot's time, size and duration per
+//! cluster, snapshot failures, and the last leave-to-reset gap.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    cluster: String,
+    kind: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    cluster: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterLabels {
+    cluster: String,
+}
+
+type F64Gauge = Gauge<f64, AtomicU64>;
+
+/// The daemon's metrics; cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Mutex<Registry>>,
+    operations: Family<OpLabels, Counter>,
+    duration: Family<KindLabels, Histogram>,
+    snapshot_time: Family<ClusterLabels, F64Gauge>,
+    snapshot_size: Family<ClusterLabels, Gauge>,
+    snapshot_duration: Family<ClusterLabels, F64Gauge>,
+    snapshot_failures: Family<ClusterLabels, Counter>,
+    gap: Family<ClusterLabels, F64Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every series.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("talos_opsd");
+        let operations = Family::<OpLabels, Counter>::default();
+        let duration = Family::<KindLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0])
+        });
+        let snapshot_time = Family::<ClusterLabels, F64Gauge>::default();
+        let snapshot_size = Family::<ClusterLabels, Gauge>::default();
+        let snapshot_duration = Family::<ClusterLabels, F64Gauge>::default();
+        let snapshot_failures = Family::<ClusterLabels, Counter>::default();
+        let gap = Family::<ClusterLabels, F64Gauge>::default();
+        registry.register(
+            "operations",
+            "Operations ended, by cluster, kind and result",
+            operations.clone(),
+        );
+        registry.register(
+            "operation_duration_seconds",
+            "How long operations ran",
+            duration.clone(),
+        );
+        registry.register(
+            "snapshot_last_success_timestamp_seconds",
+            "When the last verified snapshot succeeded (Unix time)",
+            snapshot_time.clone(),
+        );
+        registry.register(
+            "snapshot_last_size_bytes",
+            "Size of the last verified snapshot",
+            snapshot_size.clone(),
+        );
+        registry.register(
+            "snapshot_last_duration_seconds",
+            "How long the last verified snapshot took",
+            snapshot_duration.clone(),
+        );
+        registry.register(
+            "snapshot_failures",
+            "Snapshot operations that failed",
+            snapshot_failures.clone(),
+        );
+        registry.register(
+            "leave_to_reset_gap_seconds",
+            "The last retire's time between the leave's answer and the reset",
+            gap.clone(),
+        );
+        Metrics {
+            registry: Arc::new(Mutex::new(registry)),
+            operations,
+            duration,
+            snapshot_time,
+            snapshot_size,
+            snapshot_duration,
+            snapshot_failures,
+            gap,
+        }
+    }
+
+    /// An operation ended.
+    pub fn operation(&self, cluster: &str, kind: &str, result: &str, took: Duration) {
+        self.operations
+            .get_or_create(&OpLabels {
+                cluster: cluster.into(),
+                kind: kind.into(),
+                result: result.into(),
+            })
+            .inc();
+        self.duration
+            .get_or_create(&KindLabels {
+                cluster: cluster.into(),
+                kind: kind.into(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A verified snapshot of `size` bytes succeeded after `took`.
+    pub fn snapshot_succeeded(&self, cluster: &str, size: u64, took: Duration) {
+        let labels = ClusterLabels {
+            cluster: cluster.into(),
+        };
+        let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() as f64 / 1e9;
+        self.snapshot_time.get_or_create(&labels).set(now);
+        self.snapshot_size
+            .get_or_create(&labels)
+            .set(i64::try_from(size).unwrap_or(i64::MAX));
+        self.snapshot_duration
+            .get_or_create(&labels)
+            .set(took.as_secs_f64());
+    }
+
+    /// A snapshot failed.
+    pub fn snapshot_failed(&self, cluster: &str) {
+        self.snapshot_failures
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.into(),
+            })
+            .inc();
+    }
+
+    /// A retire's leave-to-reset gap.
+    pub fn leave_to_reset_gap(&self, cluster: &str, seconds: f64) {
+        self.gap
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.into(),
+            })
+            .set(seconds);
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+}
+
+/// Serves `GET /metrics` (and nothing else) on `listener`, HTTP/1.0 style:
+/// one request per connection.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics) {
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut len = 0;
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                while len < buf.len() {
+                    let n = conn.read(&mut buf[len..]).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    len += n;
+                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                Ok::<_, std::io::Error>(())
+            })
+            .await;
+            if !matches!(read, Ok(Ok(()))) {
+                return;
+            }
+            let request = String::from_utf8_lossy(&buf[..len]);
+            let path = request.split_whitespace().nth(1).unwrap_or("");
+            let (status, body) = if request.starts_with("GET ") && path == "/metrics" {
+                ("200 OK", metrics.encode())
+            } else {
+                ("404 Not Found", "not found: try /metrics\n".to_string())
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(head.as_bytes()).await;
+            let _ = conn.write_all(body.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        });
+    }
+}

@@ -39,9 +39,18 @@ async fn tick(manager: &Arc<Manager>, cluster: &str) {
         Ok((record, _)) => {
             tracing::info!(cluster, op = %record.id, "scheduled snapshot started");
             // Wait for it, so ticks never pile up on one cluster.
-            if let Some(running) = manager.running(&record.id) {
-                let mut rx = running.events.subscribe();
-                while rx.changed().await.is_ok() {}
+            let rx = manager.running(&record.id).map(|r| r.events.subscribe());
+            if let Some(mut rx) = rx {
+                let _ = rx
+                    .wait_for(|events| {
+                        events.last().is_some_and(|e| {
+                            matches!(
+                                e.event,
+                                Some(crate::proto::operation_event::Event::Finished(_))
+                            )
+                        })
+                    })
+                    .await;
             }
         }
         Err(e) => {

@@ -1,0 +1,180 @@
+//! A real `talos-opsd` process for tests: its own temporary directory,
+//! socket and configuration; killed when dropped, also when a test fails.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use talos_opsd::proto::opsd_client::OpsdClient;
+use talos_test_support::cli::cargo_bin;
+use talos_test_support::sim::wait_for;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// A daemon process.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    env: Vec<(String, String)>,
+    args: Vec<String>,
+}
+
+impl Daemon {
+    /// Writes `config` (TOML, with `state_dir` and `socket` prepended) into
+    /// `dir` and starts the daemon; returns once its socket answers.
+    pub async fn start(dir: &Path, config: &str) -> Daemon {
+        Daemon::start_with(dir, config, &[], &[]).await
+    }
+
+    pub async fn start_with(
+        dir: &Path,
+        config: &str,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Daemon {
+        let socket = dir.join("opsd.sock");
+        let path = dir.join("config.toml");
+        let text = format!(
+            "state_dir = {:?}\nsocket = {:?}\n{config}",
+            dir.join("state"),
+            socket
+        );
+        std::fs::write(&path, text).unwrap();
+        let mut daemon = Daemon {
+            child: None,
+            dir: dir.to_owned(),
+            socket,
+            config: path,
+            log: dir.join("daemon.log"),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+        };
+        daemon.spawn().await;
+        daemon
+    }
+
+    /// (Re)starts the process with the same configuration.
+    pub async fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut cmd = Command::new(cargo_bin("talos-opsd"));
+        cmd.arg("--config")
+            .arg(&self.config)
+            .args(&self.args)
+            .env("TALOS_OPSD_LOG", "info")
+            .env_remove("TALOS_OPSD_TEST_CRASH")
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("talos-opsd starts"));
+        let socket = self.socket.clone();
+        let log = self.log.clone();
+        wait_for("the daemon's socket", Duration::from_secs(30), || {
+            let socket = socket.clone();
+            async move { std::os::unix::net::UnixStream::connect(&socket).ok() }
+        })
+        .await;
+        let _ = log;
+    }
+
+    /// Replaces the configuration (the same state directory and socket).
+    pub fn rewrite(&self, config: &str) {
+        let text = format!(
+            "state_dir = {:?}\nsocket = {:?}\n{config}",
+            self.dir.join("state"),
+            self.socket
+        );
+        std::fs::write(&self.config, text).unwrap();
+    }
+
+    /// Sets the environment of the next spawn.
+    pub fn set_env(&mut self, env: &[(&str, &str)]) {
+        self.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    }
+
+    /// A client on the socket.
+    pub async fn client(&self) -> OpsdClient<Channel> {
+        connect_unix(&self.socket).await
+    }
+
+    /// Sends `signal` and waits for the exit; returns the exit code.
+    pub async fn signal_and_wait(&mut self, signal: i32) -> Option<i32> {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: kill with a pid we own.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        tokio::task::spawn_blocking(move || child.wait().unwrap().code())
+            .await
+            .unwrap()
+    }
+
+    /// Waits for the process to exit by itself (a crash hook).
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        tokio::task::spawn_blocking(move || child.wait().unwrap())
+            .await
+            .unwrap()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- talos-opsd log ---\n{}", self.log_text());
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A gRPC client over a Unix socket.
+pub async fn connect_unix(path: &Path) -> OpsdClient<Channel> {
+    let path = path.to_owned();
+    let channel = Endpoint::try_from("http://opsd.invalid")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap();
+    OpsdClient::new(channel)
+}
+
+/// A `[[cluster]]` table for a simulated cluster.
+pub fn cluster_toml(name: &str, talosconfig: &Path, extra: &str) -> String {
+    format!("\n[[cluster]]\nname = {name:?}\ntalosconfig = {talosconfig:?}\n{extra}\n")
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -1,0 +1,133 @@
+//! The TCP listener requires mutual TLS with the daemon's own client CA: a
+//! client without a certificate, or with one from another CA, is refused;
+//! one from the CA is served and audited by its subject.
+
+mod daemon;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use daemon::{Daemon, free_port};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use talos_opsd::proto::{self, opsd_client::OpsdClient};
+use tonic::transport::{Endpoint, Uri};
+
+struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    pem: String,
+}
+
+fn ca(name: &str) -> Ca {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    let cert = params.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        issuer: Issuer::new(params, key),
+    }
+}
+
+/// A leaf certificate and key (PEM) signed by `ca`.
+fn leaf(ca: &Ca, name: &str, server: bool) -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    let sans = if server {
+        vec!["localhost".to_string()]
+    } else {
+        Vec::new()
+    };
+    let mut params = CertificateParams::new(sans).unwrap();
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.extended_key_usages = vec![if server {
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth
+    } else {
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth
+    }];
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+async fn call(
+    port: u16,
+    server_ca: &str,
+    client: Option<&(String, String)>,
+) -> Result<proto::ListOperationsResponse, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(server_ca.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut config = match client {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let channel = Endpoint::try_from("http://localhost")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let connector = connector.clone();
+            async move {
+                let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+                let tls = connector
+                    .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                    .await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+            }
+        }))
+        .await
+        .map_err(|e| format!("connect: {e:?}"))?;
+    OpsdClient::new(channel)
+        .list_operations(proto::ListOperationsRequest::default())
+        .await
+        .map(|r| r.into_inner())
+        .map_err(|e| format!("{e:?}"))
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn tcp_requires_a_client_certificate_from_its_own_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let server_ca = ca("opsd server CA");
+    let client_ca = ca("opsd client CA");
+    let stranger_ca = ca("someone else's CA");
+    let (cert, key) = leaf(&server_ca, "opsd", true);
+    let port = free_port();
+    let config = format!(
+        "\n[tcp]\nlisten = \"127.0.0.1:{port}\"\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n",
+        write(dir.path(), "server.crt", &cert),
+        write(dir.path(), "server.key", &key),
+        write(dir.path(), "clients.crt", &client_ca.pem),
+    );
+    let d = Daemon::start(dir.path(), &config).await;
+
+    let none = call(port, &server_ca.pem, None).await;
+    assert!(none.is_err(), "served without a client certificate");
+    let stranger = leaf(&stranger_ca, "mallory", false);
+    let other = call(port, &server_ca.pem, Some(&stranger)).await;
+    assert!(other.is_err(), "served a certificate from another CA");
+
+    let alice = leaf(&client_ca, "alice", false);
+    let listed = call(port, &server_ca.pem, Some(&alice)).await.unwrap();
+    assert!(listed.operations.is_empty());
+    let log = d.log_text();
+    assert!(log.contains("CN=alice"), "audited by subject: {log}");
+    assert!(!log.contains("PRIVATE KEY"), "{log}");
+}

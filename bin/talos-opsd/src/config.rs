@@ -283,6 +283,16 @@ mod tests {
     }
 
     #[test]
+    fn the_example_parses() {
+        let text = include_str!("../dist/config.example.toml");
+        let config: Config = toml::from_str(text).unwrap();
+        assert_eq!(config.clusters.len(), 2);
+        let schedule = config.clusters[0].snapshots.as_ref().unwrap();
+        assert_eq!(schedule.interval.0, Duration::from_secs(6 * 3600));
+        assert_eq!(schedule.keep, 28);
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(172800));

@@ -256,14 +256,14 @@ impl Manager {
                 ops.set_stop(stop);
                 let job = match job {
                     Job::Run(request) => match manager.plan(&ops, &cluster, request).await {
-                        Ok(plan) => Job2::Run(plan),
+                        Ok(plan) => Planned::Run(plan),
                         Err(e) => return refuse(e),
                     },
-                    Job::Resume(id) => Job2::Resume(id),
+                    Job::Resume(id) => Planned::Resume(id),
                 };
                 let notes = match &job {
-                    Job2::Run(plan) => plan.notes.clone(),
-                    Job2::Resume(_) => Vec::new(),
+                    Planned::Run(plan) => plan.notes.clone(),
+                    Planned::Resume(_) => Vec::new(),
                 };
                 let mut id = None::<String>;
                 let mut observe = |event: Event<'_>| {
@@ -285,10 +285,9 @@ impl Manager {
                     }
                 };
                 let result = match job {
-                    Job2::Run(plan) => ops.run(plan, &mut observe).await,
-                    Job2::Resume(ref op) => ops.resume(op, &mut observe).await,
+                    Planned::Run(plan) => ops.run(plan, &mut observe).await,
+                    Planned::Resume(ref op) => ops.resume(op, &mut observe).await,
                 };
-                drop(observe);
                 let Some(id) = id else {
                     if let Err(e) = result {
                         refuse(e);
@@ -415,7 +414,7 @@ enum Job {
     Resume(String),
 }
 
-enum Job2 {
+enum Planned {
     Run(Plan),
     Resume(String),
 }

@@ -95,9 +95,18 @@ impl Manager {
         *self.clusters.lock().unwrap() = map;
     }
 
-    /// One configured cluster.
+    /// One configured cluster, by its name or else by its talosconfig
+    /// context's name when exactly one cluster uses that context.
     pub fn cluster(&self, name: &str) -> Option<ResolvedCluster> {
-        self.clusters.lock().unwrap().get(name).cloned()
+        let clusters = self.clusters.lock().unwrap();
+        if let Some(cluster) = clusters.get(name) {
+            return Some(cluster.clone());
+        }
+        let mut by_context = clusters.values().filter(|c| c.context.name == name);
+        match (by_context.next(), by_context.next()) {
+            (Some(one), None) => Some(one.clone()),
+            _ => None,
+        }
     }
 
     /// Every configured cluster.

@@ -410,5 +410,6 @@ pub fn to_operation(record: &OpRecord, cluster: String, notes: Vec<String>) -> p
         params_json: record.params.to_string(),
         facts_json: record.facts.to_string(),
         notes,
+        ca_fingerprint: record.ca_fingerprint.clone(),
     }
 }

@@ -8,6 +8,7 @@ pub mod health;
 pub mod kubeconfig;
 pub mod misc;
 pub mod ops;
+mod opsd_client;
 pub mod reset;
 pub mod snapshot;
 pub mod table;

@@ -30,6 +30,13 @@ pub struct OpsArgs {
     /// destructive operation).
     #[arg(long, short = 'y', global = true)]
     pub yes: bool,
+    /// Run the operations through the talos-opsd daemon listening on this
+    /// socket (when it answers).
+    #[arg(long, global = true, env = "TALOS_OPSD_SOCKET", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Run in this process even when a daemon socket is given.
+    #[arg(long, global = true)]
+    pub local: bool,
     #[command(subcommand)]
     pub command: OpsCommand,
 }
@@ -52,6 +59,11 @@ pub struct MaintenanceArgs {
 }
 
 impl MaintenanceArgs {
+    /// Whether a configuration was given.
+    pub(super) fn is_given(&self) -> bool {
+        self.config.is_some()
+    }
+
     fn load(self) -> anyhow::Result<Option<MaintenanceApply>> {
         let Some(path) = self.config else {
             return Ok(None);
@@ -183,9 +195,17 @@ pub enum OpsCommand {
         /// Its id.
         id: String,
     },
+    /// Follow an operation run by the talos-opsd daemon, step by step.
+    Watch {
+        /// Its id.
+        id: String,
+    },
 }
 
 pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
+    if super::opsd_client::dispatch(global, &args).await? {
+        return Ok(());
+    }
     let state_dir = match args.state_dir.clone() {
         Some(dir) => dir,
         None => default_state_dir().context("no state directory: pass --state-dir")?,
@@ -274,7 +294,7 @@ pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
             })
             .await?
         }
-        OpsCommand::List => return list(global, &ops),
+        OpsCommand::List => return list(global, ops.list()?),
         OpsCommand::Show { id } => return report(global, &ops.show(&id)?),
         OpsCommand::Resume { id } => {
             let record = ops.resume(&id, &mut progress).await?;
@@ -285,6 +305,7 @@ pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
             eprintln!("operation {} abandoned", record.id);
             return report(global, &record);
         }
+        OpsCommand::Watch { .. } => bail!("ops watch follows a daemon's operation: pass --socket"),
     };
     show_plan(&plan);
     if args.plan {
@@ -315,7 +336,7 @@ fn show_plan(plan: &Plan) {
     }
 }
 
-fn confirm() -> anyhow::Result<()> {
+pub(super) fn confirm() -> anyhow::Result<()> {
     if !std::io::stdin().is_terminal() {
         bail!("this operation changes the cluster: pass --yes to run it without a terminal");
     }
@@ -332,7 +353,7 @@ fn confirm() -> anyhow::Result<()> {
 /// Step-by-step progress on stderr. `TALOSCTL_RS_TEST_CRASH=started:STEP`
 /// or `answered:STEP` aborts the process at that point, as a crash would
 /// (for the crash-safety tests).
-fn progress(event: Event<'_>) {
+pub(super) fn progress(event: Event<'_>) {
     let crash_at = std::env::var("TALOSCTL_RS_TEST_CRASH").ok();
     let point = match event {
         Event::Started { id } => {
@@ -372,7 +393,7 @@ fn progress(event: Event<'_>) {
     }
 }
 
-fn report(global: &Global, record: &OpRecord) -> anyhow::Result<()> {
+pub(super) fn report(global: &Global, record: &OpRecord) -> anyhow::Result<()> {
     if global.output != Output::Table {
         return print_structured(global.output, record);
     }
@@ -413,8 +434,7 @@ fn report(global: &Global, record: &OpRecord) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn list(global: &Global, ops: &Ops) -> anyhow::Result<()> {
-    let records = ops.list()?;
+pub(super) fn list(global: &Global, records: Vec<OpRecord>) -> anyhow::Result<()> {
     if global.output != Output::Table {
         return print_structured(global.output, &records);
     }

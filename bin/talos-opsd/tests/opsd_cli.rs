@@ -1,0 +1,101 @@
+//! `talosctl-rs ops` through a running talos-opsd (`--socket`): the same
+//! output and exit codes as in-process, `ops watch`, and `--local` on the
+//! shared journal. Uses the talosctl-rs binary the workspace builds.
+
+mod daemon;
+
+use std::path::Path;
+
+use daemon::{Daemon, cluster_toml};
+use talos_test_support::cli::{Run, command};
+use talos_test_support::sim::SimCluster;
+
+async fn ops(tc: &Path, socket: &Path, args: &[&str]) -> Run {
+    let mut cmd = command(tc);
+    cmd.args(["-o", "json", "ops"])
+        .env("TALOS_OPSD_SOCKET", socket)
+        .args(args);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[tokio::test]
+async fn the_cli_runs_operations_through_the_daemon() {
+    let sim = SimCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tc = sim.dir.path().join("talosconfig");
+    let d = Daemon::start(dir.path(), &cluster_toml("a", &tc, "")).await;
+
+    let run = ops(&tc, &d.socket, &["--yes", "retire", &sim.ip(3)])
+        .await
+        .ok();
+    let record = run.json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    let names: Vec<_> = record["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "snapshot",
+            "forfeit",
+            "leave",
+            "reset",
+            "confirm",
+            "wait-silent"
+        ]
+    );
+    assert!(run.stderr.contains("[3] leave done"), "{}", run.stderr);
+    assert!(record["facts"]["leave_to_reset_gap_ms"].as_f64().unwrap() > 0.0);
+    let id = record["id"].as_str().unwrap().to_string();
+    // Journaled by the daemon: the daemon's audit names the request.
+    assert!(d.log_text().contains("start retire"), "{}", d.log_text());
+
+    // A refusal exits 1 with the reason, as in-process.
+    let refused = ops(&tc, &d.socket, &["--yes", "retire", "10.99.0.1"]).await;
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("is not an etcd member"),
+        "{}",
+        refused.stderr
+    );
+
+    // watch replays the ended operation; list and show come from the daemon.
+    let watched = ops(&tc, &d.socket, &["watch", &id]).await.ok();
+    assert!(
+        watched.stderr.contains("[6] wait-silent done"),
+        "{}",
+        watched.stderr
+    );
+    assert_eq!(watched.json()["id"], id.as_str());
+    let listed = ops(&tc, &d.socket, &["list"]).await.ok().json();
+    assert_eq!(listed[0]["id"], id.as_str());
+    // --local reads the same journal in this process.
+    let state = dir.path().join("state");
+    let local = ops(
+        &tc,
+        &d.socket,
+        &[
+            "--local",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "show",
+            &id,
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(local["state"], "succeeded");
+    assert_eq!(local["steps"], record["steps"]);
+}

@@ -84,8 +84,10 @@ pub struct ClusterConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotSchedule {
-    /// Time between snapshots (`30s`, `15m`, `6h`, `1d`).
-    pub interval: HumanDuration,
+    /// Time between snapshots (`30s`, `15m`, `6h`, `1d`); or `cron`.
+    pub interval: Option<HumanDuration>,
+    /// A cron expression, evaluated in UTC (`0 */6 * * *`); or `interval`.
+    pub cron: Option<CronSchedule>,
     /// Where they go (default: STATE_DIR/snapshots/NAME).
     pub dir: Option<PathBuf>,
     /// Keep the newest N (0: no count limit).
@@ -93,6 +95,37 @@ pub struct SnapshotSchedule {
     pub keep: usize,
     /// Remove catalogued snapshots older than this.
     pub max_age: Option<HumanDuration>,
+}
+
+/// A parsed cron expression.
+#[derive(Debug, Clone)]
+pub struct CronSchedule(pub croner::Cron);
+
+impl<'de> Deserialize<'de> for CronSchedule {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse::<croner::Cron>()
+            .map(CronSchedule)
+            .map_err(|e| serde::de::Error::custom(format!("{text:?}: {e}")))
+    }
+}
+
+impl SnapshotSchedule {
+    /// How long from now until the next snapshot is due.
+    pub fn until_next(&self) -> Duration {
+        match (&self.interval, &self.cron) {
+            (Some(interval), _) => interval.0,
+            (None, Some(cron)) => {
+                let now = chrono::Utc::now();
+                cron.0
+                    .find_next_occurrence(&now, false)
+                    .ok()
+                    .and_then(|next| (next - now).to_std().ok())
+                    .unwrap_or(Duration::from_secs(60))
+            }
+            (None, None) => Duration::from_secs(3600),
+        }
+    }
 }
 
 /// A duration written as a number and a unit: `500ms`, `30s`, `15m`, `6h`,
@@ -209,6 +242,19 @@ impl Config {
                     format!("cluster {:?} is configured twice", cluster.name),
                 ));
             }
+            if let Some(schedule) = &cluster.snapshots
+                && schedule.interval.is_some() == schedule.cron.is_some()
+            {
+                let line = text[from..]
+                    .lines()
+                    .position(|l| l.trim() == "[cluster.snapshots]")
+                    .map_or(1, |i| i + line_of(text, from));
+                return Err(invalid(
+                    line,
+                    key("snapshots"),
+                    "give exactly one of interval and cron".into(),
+                ));
+            }
             let tc_line = find_key_line(&text[from..], "talosconfig") + line_of(text, from) - 1;
             let context = TalosConfig::read(&cluster.talosconfig)
                 .and_then(|tc| {
@@ -288,8 +334,29 @@ mod tests {
         let config: Config = toml::from_str(text).unwrap();
         assert_eq!(config.clusters.len(), 2);
         let schedule = config.clusters[0].snapshots.as_ref().unwrap();
-        assert_eq!(schedule.interval.0, Duration::from_secs(6 * 3600));
+        assert_eq!(schedule.interval.unwrap().0, Duration::from_secs(6 * 3600));
         assert_eq!(schedule.keep, 28);
+    }
+
+    #[test]
+    fn cron_schedules() {
+        let text = "[[cluster]]\nname = \"a\"\ntalosconfig = \"/x\"\n[cluster.snapshots]\ncron = \"*/5 * * * *\"\n";
+        let config: Config = toml::from_str(text).unwrap();
+        let next = config.clusters[0].snapshots.as_ref().unwrap().until_next();
+        assert!(next <= Duration::from_secs(300), "{next:?}");
+        let (line, key, message) = err(&text.replace("*/5 * * * *", "every tuesday"));
+        assert_eq!(
+            (line, key.as_str()),
+            (5, "cluster[0].snapshots.cron"),
+            "{message}"
+        );
+        let both = text.replace("cron =", "interval = \"1h\"\ncron =");
+        let (line, key, message) = err(&both);
+        assert_eq!(
+            (line, key.as_str()),
+            (4, "cluster[0].snapshots"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -21,10 +21,15 @@ pub fn start(manager: &Arc<Manager>, generation: &Arc<AtomicU64>) {
         let generation = Arc::clone(generation);
         let name = cluster.config.name.clone();
         tokio::spawn(async move {
-            let mut next = tokio::time::Instant::now() + schedule.interval.0;
+            let mut next = tokio::time::Instant::now() + schedule.until_next();
             loop {
                 tokio::time::sleep_until(next).await;
-                next += schedule.interval.0;
+                let now = tokio::time::Instant::now();
+                next = match schedule.interval {
+                    // A steady cadence; a tick that overran is not repeated.
+                    Some(interval) => (next + interval.0).max(now),
+                    None => now + schedule.until_next(),
+                };
                 if manager.is_stopping() || generation.load(Ordering::SeqCst) != mine {
                     return;
                 }

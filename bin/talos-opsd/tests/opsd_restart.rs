@@ -77,17 +77,16 @@ async fn crash_and_restart(point: &str) {
     .await;
     let address = sim.ip(2);
     let mut client = d.client().await;
-    let op = client
-        .start_operation(retire(&address))
-        .await
-        .unwrap()
-        .into_inner();
+    // The daemon may die before it answers (a crash at the first step).
+    let _ = client.start_operation(retire(&address)).await;
     let status = d.wait_exit().await;
     assert!(!status.success(), "the daemon was to die at {point}");
     // The journal names the step in flight (read while no daemon runs).
     let step = point.split(':').nth(1).unwrap();
     let journal = talos_client::ops::Journal::open(&dir.path().join("state")).unwrap();
-    let record = journal.get(&op.id).unwrap();
+    let record = journal.list(None).unwrap().remove(0);
+    assert_eq!(record.kind, "retire");
+    let op = record.clone();
     assert_eq!(
         record.in_flight().map(|s| s.name.as_str()),
         Some(step),
@@ -203,4 +202,73 @@ async fn sigterm_parks_a_retire_at_a_step_boundary_and_the_restart_resumes_it() 
     d.spawn().await;
     until_succeeded(&d, &op.id).await;
     assert_retired(&sim, &address).await;
+}
+
+#[tokio::test]
+async fn an_apply_killed_during_its_try_is_left_for_a_person() {
+    let sim = SimCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tc = sim.dir.path().join("talosconfig");
+    let config = std::fs::read_to_string(sim.dir.path().join("controlplane.yaml"))
+        .unwrap()
+        .replace("certSANs: []", "certSANs: [vip.example]");
+    let file = dir.path().join("sans.yaml");
+    std::fs::write(&file, config).unwrap();
+    let node = sim.ip(1);
+    let point = format!("started:try:{node}");
+    let mut d = Daemon::start_with(
+        dir.path(),
+        &cluster_toml("a", &tc, ""),
+        &[("TALOS_OPSD_TEST_CRASH", &point)],
+        &[],
+    )
+    .await;
+    let mut client = d.client().await;
+    // The try is the first step: the daemon may die before it answers.
+    let _ = client
+        .start_operation(proto::StartOperationRequest {
+            cluster: "a".into(),
+            kind: Some(Kind::Apply(proto::ApplyParams {
+                nodes: vec![node.clone()],
+                config_path: file.display().to_string(),
+                expect_change: vec!["machine.certSANs".into()],
+                try_timeout_s: 30,
+                ..Default::default()
+            })),
+        })
+        .await;
+    assert!(
+        !d.wait_exit().await.success(),
+        "the daemon was to die at {point}"
+    );
+    let journal = talos_client::ops::Journal::open(&dir.path().join("state")).unwrap();
+    let op = journal.list(None).unwrap().remove(0);
+    assert_eq!(op.kind, "apply");
+    drop(journal);
+    d.set_env(&[]);
+    d.spawn().await;
+    let mut client = d.client().await;
+    let flagged = client
+        .get_operation(proto::GetOperationRequest { id: op.id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(flagged.state, "needs-attention", "{flagged:?}");
+    let in_flight: Vec<_> = flagged
+        .steps
+        .iter()
+        .filter(|s| s.state == "running")
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(in_flight, [format!("try:{node}")]);
+    assert!(d.log_text().contains("needs attention"), "{}", d.log_text());
+    // It holds the cluster until a person resumes or abandons it.
+    let refused = client
+        .start_operation(proto::StartOperationRequest {
+            cluster: "a".into(),
+            kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
+        })
+        .await
+        .unwrap_err();
+    assert!(refused.message().contains(&op.id), "{}", refused.message());
 }

@@ -19,6 +19,10 @@
 //!   within the try window, then confirmation or a verified rollback;
 //! - [`Ops::plan_migrate`]: join a new node (from maintenance mode), then
 //!   retire an old one, as one operation.
+//!
+//! A [`StopHandle`] given to [`Ops::set_stop`] parks a running operation at
+//! its next step boundary (resumable) or cancels it before any destructive
+//! step; a daemon uses it for cancel requests and shutdown.
 
 mod apply;
 mod apply_steps;

@@ -42,8 +42,17 @@ pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
     }
     match std::os::unix::net::UnixStream::connect(path) {
         Ok(_) => anyhow::bail!("{}: another daemon is listening there", path.display()),
-        Err(_) if path.exists() => std::fs::remove_file(path)
-            .with_context(|| format!("removing the stale socket {}", path.display()))?,
+        Err(_) if path.exists() => {
+            use std::os::unix::fs::FileTypeExt as _;
+            let is_socket = std::fs::symlink_metadata(path)
+                .map(|m| m.file_type().is_socket())
+                .unwrap_or(false);
+            if !is_socket {
+                anyhow::bail!("{}: exists and is not a socket", path.display());
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing the stale socket {}", path.display()))?
+        }
         Err(_) => {}
     }
     let listener =

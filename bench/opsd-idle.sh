@@ -83,6 +83,6 @@ ctl=("$bin/talosctl-rs" --talosconfig "$work/a/talosconfig" ops)
 daemon_ms=$(median_ms "${ctl[@]}" --socket "$work/opsd.sock" list)
 local_ms=$(median_ms "${ctl[@]}" --local --state-dir "$work/state" list)
 
-line="| $(date -u +%Y-%m-%d) | talos-opsd idle, 2 clusters ($profile) | RSS $((rss_kib / 1024)) MiB, CPU ${cpu_s} s over ${duration} s | \`ops list\` via socket ${daemon_ms} ms, --local ${local_ms} ms (median of ${runs}) |"
+line="| $(date -u +%Y-%m-%d) | 2 clusters, $profile build | RSS $((rss_kib / 1024)) MiB, CPU ${cpu_s} s over ${duration} s | \`ops list\` via socket ${daemon_ms} ms, --local ${local_ms} ms (median of ${runs}) |"
 echo "$line"
 echo "$line" >>"$results"

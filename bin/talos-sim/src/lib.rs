@@ -152,6 +152,8 @@ pub struct SimConfig {
     pub boot_delay: Duration,
     /// etcd backend quota, bytes.
     pub quota_backend_bytes: u64,
+    /// Number of worker nodes (no etcd) started after the control plane.
+    pub workers: usize,
 }
 
 /// The Talos release whose API behaviour the simulator follows.
@@ -173,6 +175,7 @@ impl SimConfig {
             etcd_peer_port: 2380,
             boot_delay: Duration::from_secs(2),
             quota_backend_bytes: 8 << 30,
+            workers: 0,
         }
     }
 
@@ -198,7 +201,9 @@ impl SimConfig {
         if self.api_port != 0 && self.etcd_client_port != 0 && self.etcd_peer_port != 0 {
             return Ok(());
         }
-        let addresses: Vec<Ipv4Addr> = (1..=self.nodes + 4).map(|i| self.node_ip(i)).collect();
+        let addresses: Vec<Ipv4Addr> = (1..=self.nodes + self.workers + 4)
+            .map(|i| self.node_ip(i))
+            .collect();
         for _ in 0..32 {
             let Some(ports) = (0..3)
                 .map(|_| free_port_on(&addresses))

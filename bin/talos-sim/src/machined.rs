@@ -271,7 +271,7 @@ impl MachineService for Machined {
     ) -> Result<Response<machine::ServiceListResponse>, Status> {
         authorize(&request, "ServiceList")?;
         let mut services = vec![Self::static_service("apid")];
-        if self.node.is_configured() {
+        if self.node.is_control_plane() {
             services.push(self.etcd_service().await);
         }
         services.push(Self::static_service("machined"));
@@ -328,6 +328,7 @@ impl MachineService for Machined {
             Status::invalid_argument(format!("unknown apply mode {}", request.mode))
         })?;
         let config = diff::parse(&request.data)?;
+        config.check_role(self.node.is_worker())?;
         let active = self.node.config.lock().expect("config lock").active.clone();
         let current = diff::parse(active.as_bytes());
         // Whether the change can take effect without a reboot decides the

@@ -72,6 +72,8 @@ pub struct Node {
     /// The SPKI fingerprint of the maintenance certificate, as a real node
     /// prints it on its console for `--cert-fingerprint`.
     pub maintenance_fingerprint: String,
+    /// A worker: configured, but no etcd.
+    worker: std::sync::atomic::AtomicBool,
     etcd: tokio::sync::Mutex<Option<EtcdProcess>>,
     pub(crate) config: Mutex<ConfigState>,
     pub(crate) apply_lock: tokio::sync::Mutex<()>,
@@ -96,6 +98,7 @@ pub(crate) struct NodeLayout {
     pub server_tls: Arc<ServerConfig>,
     pub maintenance_tls: Arc<ServerConfig>,
     pub maintenance_fingerprint: String,
+    pub worker: bool,
 }
 
 impl Node {
@@ -117,6 +120,7 @@ impl Node {
             server_tls: layout.server_tls,
             maintenance_tls: layout.maintenance_tls,
             maintenance_fingerprint: layout.maintenance_fingerprint,
+            worker: std::sync::atomic::AtomicBool::new(layout.worker),
             etcd: tokio::sync::Mutex::new(None),
             config: Mutex::new(ConfigState {
                 active: machine_config.clone().unwrap_or_default(),
@@ -185,6 +189,21 @@ impl Node {
     /// maintenance mode: no machine type, no etcd).
     pub fn is_configured(&self) -> bool {
         self.config_path().exists()
+    }
+
+    /// Whether the node is a worker (configured without etcd).
+    pub fn is_worker(&self) -> bool {
+        self.worker.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_worker(&self, worker: bool) {
+        self.worker
+            .store(worker, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the node is a configured control-plane node (one with etcd).
+    pub fn is_control_plane(&self) -> bool {
+        self.is_configured() && !self.is_worker()
     }
 
     /// The TLS its API serves with now: the cluster's once configured,
@@ -353,12 +372,16 @@ impl Node {
     /// Unimplemented unless the node has a configuration, as
     /// machinehelper.CheckControlplane does for a machine without a type.
     pub(crate) fn check_controlplane(&self, api: &str) -> Result<(), Status> {
-        if self.is_configured() {
-            Ok(())
-        } else {
+        if !self.is_configured() {
             Err(Status::unimplemented(format!(
                 "machine type is not set, cannot use {api} API"
             )))
+        } else if self.is_worker() {
+            Err(Status::unimplemented(format!(
+                "{api} is only available on control plane nodes"
+            )))
+        } else {
+            Ok(())
         }
     }
 

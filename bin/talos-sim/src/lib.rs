@@ -30,6 +30,7 @@ pub mod etcd_client;
 pub mod etcd_process;
 mod files;
 mod front;
+mod go_errors;
 mod health;
 mod kubeconfig;
 mod lifecycle;

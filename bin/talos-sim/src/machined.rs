@@ -11,7 +11,7 @@ use super::auth::authorize;
 use super::cluster::Shared;
 use super::diff;
 use super::machined_etcd as etcd;
-use super::node::{Node, SYSTEM_VOLUMES, VolumeLookup};
+use super::node::{Node, SYSTEM_VOLUMES};
 use crate::api::cluster::{HealthCheckProgress, HealthCheckRequest};
 use crate::api::machine::{self, apply_configuration_request::Mode};
 use crate::api::server::cluster::cluster_service_server::ClusterService;
@@ -138,22 +138,7 @@ impl Machined {
             }
             let mut targets = Vec::new();
             for spec in &request.system_partitions_to_wipe {
-                match self.node.lookup_volume(&spec.label) {
-                    VolumeLookup::Located => {}
-                    VolumeLookup::NotLocated => {
-                        return Err(Status::unknown(format!(
-                            "failed to reset: volume {} is not located",
-                            crate::go_errors::quote(&spec.label)
-                        )));
-                    }
-                    VolumeLookup::Missing => {
-                        return Err(Status::unknown(format!(
-                            "failed to get volume status with label {}: resource VolumeStatuses.block.talos.dev(runtime/{}@undefined) doesn't exist",
-                            crate::go_errors::quote(&spec.label),
-                            spec.label
-                        )));
-                    }
-                }
+                self.node.locate_for_reset(&spec.label)?;
                 if spec.wipe {
                     targets.push(spec.label.clone());
                 }

@@ -375,6 +375,23 @@ impl Node {
         }
     }
 
+    /// Resolves a reset label as upstream's Reset handler does
+    /// (v1alpha1_server.go): a missing VolumeStatus and a volume without a
+    /// location each fail with the handler's own (plain, hence Unknown)
+    /// error.
+    pub(crate) fn locate_for_reset(&self, label: &str) -> Result<(), tonic::Status> {
+        let quoted = crate::go_errors::quote(label);
+        match self.lookup_volume(label) {
+            VolumeLookup::Located => Ok(()),
+            VolumeLookup::NotLocated => Err(tonic::Status::unknown(format!(
+                "failed to reset: volume {quoted} is not located"
+            ))),
+            VolumeLookup::Missing => Err(tonic::Status::unknown(format!(
+                "failed to get volume status with label {quoted}: resource VolumeStatuses.block.talos.dev(runtime/{label}@undefined) doesn't exist"
+            ))),
+        }
+    }
+
     /// Wipes a system volume's contents.
     pub(crate) fn wipe(&self, label: &str) -> std::io::Result<()> {
         let path = self.volume(label);

@@ -86,7 +86,7 @@ async fn an_unknown_node_is_unavailable() {
 /// the port; an empty target or one with a port fails the whole call.
 #[tokio::test]
 async fn dial_errors_name_the_port_and_bad_targets_fail_the_whole_call() {
-    let sim = SimCluster::start(1).await;
+    let sim = SimCluster::start(2).await;
     let admin = sim.admin();
     let port = sim.cluster.config().api_port;
     let nobody = sim.cluster.config().node_ip(200).to_string();
@@ -107,6 +107,24 @@ async fn dial_errors_name_the_port_and_bad_targets_fail_the_whole_call() {
         Err(Error::Unavailable(f)) => assert_eq!(f.message, expected),
         other => panic!("expected Unavailable, got {other:?}"),
     }
+    // The same text when apid had a connection to the node before it died.
+    assert_eq!(admin.node(sim.ip(2)).hostname().await.unwrap(), "cp-2");
+    sim.cluster.power_off(&sim.ip(2)).await.unwrap();
+    let expected = format!(
+        "connection error: desc = \"transport: Error while dialing: dial tcp {}:{port}: connect: connection refused\"",
+        sim.ip(2)
+    );
+    wait_for(
+        "node 2's error to name its port",
+        Duration::from_secs(20),
+        || async {
+            match admin.node(sim.ip(2)).hostname().await {
+                Err(Error::Unavailable(f)) if f.message == expected => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await;
 
     for bad in [format!("{}:{port}", sim.ip(1)), String::new()] {
         let invalid = format!("invalid target {bad:?}");

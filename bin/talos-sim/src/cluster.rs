@@ -481,17 +481,20 @@ impl Shared {
             .collect()
     }
 
-    /// A channel to another node's apid, authenticated as a peer apid.
+    /// A channel to another node's apid, authenticated as a peer apid. A
+    /// failure reads as grpc-go's for a fail-fast call on a channel that
+    /// cannot connect (balancer/pickfirst, picker_wrapper.go): Unavailable,
+    /// the connection error with the dialled `host:port`, or the name
+    /// resolver's error for a name that does not resolve.
     pub(crate) async fn backend(&self, target: &str) -> Result<Channel, Status> {
-        let unreachable = |reason: String| {
-            Status::unavailable(format!(
-                "connection error: desc = \"transport: Error while dialing: dial tcp {target}: {reason}\""
-            ))
-        };
         let host = match self.find(target) {
             Some(node) => node.ip.to_string(),
             None if target.parse::<IpAddr>().is_ok() => target.to_string(),
-            None => return Err(unreachable(format!("lookup {target}: no such host"))),
+            None => {
+                return Err(Status::unavailable(
+                    "name resolver error: produced zero addresses",
+                ));
+            }
         };
         let mut backends = self.backends.lock().await;
         if let Some(channel) = backends.get(&host) {
@@ -503,7 +506,7 @@ impl Shared {
             .map_err(|e| Status::internal(e.to_string()))?;
         let channel = crate::dial::dial(&host, self.cfg.api_port, tls)
             .await
-            .map_err(unreachable)?;
+            .map_err(|desc| connection_error(&desc))?;
         backends.insert(host, channel.clone());
         Ok(channel)
     }
@@ -528,6 +531,14 @@ impl Shared {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// grpc-go's status for a connection that failed (transport.ConnectionError).
+pub(crate) fn connection_error(desc: &str) -> Status {
+    Status::unavailable(format!(
+        "connection error: desc = {}",
+        crate::go_errors::quote(desc)
+    ))
 }
 
 impl Drop for Cluster {

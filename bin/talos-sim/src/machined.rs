@@ -139,12 +139,7 @@ impl Machined {
             }
             let mut targets = Vec::new();
             for spec in &request.system_partitions_to_wipe {
-                if !SYSTEM_VOLUMES.contains(&spec.label.as_str()) {
-                    return Err(Status::unknown(format!(
-                        "failed to get volume status with label {:?}: resource VolumeStatuses.block.talos.dev(runtime/{}@undefined) doesn't exist",
-                        spec.label, spec.label
-                    )));
-                }
+                self.node.locate_for_reset(&spec.label)?;
                 if spec.wipe {
                     targets.push(spec.label.clone());
                 }

@@ -87,6 +87,11 @@ struct UpArgs {
     /// Print the node list as JSON.
     #[arg(long)]
     json: bool,
+    /// Divide Talos's fixed waits and retry schedules (EtcdLeaveCluster's
+    /// 10 s retry interval and 5 min limit, the 3 min wait for the local etcd
+    /// member) by N. The default, 1, keeps upstream's values.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    timing_divisor: u32,
 }
 
 #[tokio::main]
@@ -161,6 +166,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     if cfg.nodes == 0 {
         bail!("--nodes must be at least 1");
     }
+    cfg.timing = talos_sim::TalosTiming::scaled_down(args.timing_divisor);
     let cluster = Cluster::up(cfg).await.context("starting the cluster")?;
     cluster.serve_control(&dir.join("control.sock"))?;
     if args.json {

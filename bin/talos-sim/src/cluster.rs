@@ -32,6 +32,9 @@ pub struct NodeInfo {
     /// for `--cert-fingerprint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance_fingerprint: Option<String>,
+    /// A worker: no etcd.
+    #[serde(default)]
+    pub worker: bool,
 }
 
 impl NodeInfo {
@@ -43,6 +46,7 @@ impl NodeInfo {
             etcd_client_url: node.etcd_client_url(),
             maintenance_fingerprint: (!node.is_configured())
                 .then(|| node.maintenance_fingerprint.clone()),
+            worker: node.is_worker(),
         }
     }
 }
@@ -56,6 +60,7 @@ pub(crate) struct Shared {
     proxy_identity: Credentials,
     backends: tokio::sync::Mutex<HashMap<String, Channel>>,
     machine_config: String,
+    worker_config: String,
     add_lock: tokio::sync::Mutex<()>,
 }
 
@@ -80,6 +85,26 @@ fn load_or_create_ca(dir: &Path) -> Result<Ca, SimError> {
     write_private(&crt, ca.cert_pem.as_bytes())?;
     write_private(&key, ca.key_pem().as_bytes())?;
     Ok(ca)
+}
+
+/// What a new node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeKind {
+    ControlPlane,
+    Worker,
+    Maintenance,
+}
+
+/// The worker configuration: the control-plane one with `type: worker` and
+/// the CA's certificate only, as `talosctl gen config` writes worker.yaml.
+fn worker_machine_config(controlplane: &str) -> String {
+    controlplane
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("key: "))
+        .map(|line| line.replace("type: controlplane", "type: worker"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
 }
 
 /// The machine configuration every simulated node starts with (the nodes'
@@ -135,6 +160,8 @@ impl Cluster {
             &cfg.dir.join("controlplane.yaml"),
             machine_config.as_bytes(),
         )?;
+        let worker_config = worker_machine_config(&machine_config);
+        write_private(&cfg.dir.join("worker.yaml"), worker_config.as_bytes())?;
         let shared = Arc::new(Shared {
             cfg,
             ca,
@@ -142,6 +169,7 @@ impl Cluster {
             proxy_identity,
             backends: tokio::sync::Mutex::new(HashMap::new()),
             machine_config,
+            worker_config,
             add_lock: tokio::sync::Mutex::new(()),
         });
         let cluster = Cluster { shared };
@@ -154,7 +182,7 @@ impl Cluster {
         let shared = &self.shared;
         let mut created = Vec::new();
         for index in 1..=shared.cfg.nodes {
-            created.push(Arc::new(shared.create_node(index, false)?));
+            created.push(Arc::new(shared.create_node(index, NodeKind::ControlPlane)?));
         }
         *shared.nodes.write().expect("nodes lock") = created.clone();
         let initial_cluster = created
@@ -171,7 +199,21 @@ impl Cluster {
         for node in &created {
             crate::lifecycle::start_front(shared, node).await?;
         }
-        shared.wait_for_leader(Duration::from_secs(60)).await
+        shared.wait_for_leader(Duration::from_secs(60)).await?;
+        // Workers: configured, API only, no etcd.
+        let first = shared.cfg.nodes + 1;
+        let workers: Vec<Arc<Node>> = (first..first + shared.cfg.workers)
+            .map(|index| shared.create_node(index, NodeKind::Worker).map(Arc::new))
+            .collect::<Result<_, _>>()?;
+        shared
+            .nodes
+            .write()
+            .expect("nodes lock")
+            .extend(workers.iter().cloned());
+        for node in &workers {
+            crate::lifecycle::start_front(shared, node).await?;
+        }
+        Ok(())
     }
 
     fn write_talosconfigs(&self) -> Result<(), SimError> {
@@ -179,6 +221,7 @@ impl Cluster {
         let endpoints: Vec<String> = shared
             .nodes()
             .iter()
+            .filter(|n| !n.is_worker())
             .map(|n| {
                 if n.api_port == talos_client::config::DEFAULT_API_PORT {
                     n.ip.to_string()
@@ -333,7 +376,12 @@ impl Shared {
     ) -> Result<NodeInfo, SimError> {
         let _one_at_a_time = self.add_lock.lock().await;
         let index = self.nodes().len() + 1;
-        let node = Arc::new(self.create_node(index, maintenance)?);
+        let kind = if maintenance {
+            NodeKind::Maintenance
+        } else {
+            NodeKind::ControlPlane
+        };
+        let node = Arc::new(self.create_node(index, kind)?);
         self.nodes.write().expect("nodes lock").push(node.clone());
         if !maintenance {
             crate::lifecycle::join_etcd(self, &node).await?;
@@ -367,10 +415,13 @@ impl Shared {
         target == node.name || target == node.ip.to_string()
     }
 
-    fn create_node(&self, index: usize, maintenance: bool) -> Result<Node, SimError> {
+    fn create_node(&self, index: usize, kind: NodeKind) -> Result<Node, SimError> {
         let cfg = &self.cfg;
         let ip = cfg.node_ip(index);
-        let name = format!("cp-{index}");
+        let name = match kind {
+            NodeKind::Worker => format!("worker-{}", index - cfg.nodes),
+            _ => format!("cp-{index}"),
+        };
         let cert = self.ca.issue(&LeafSpec::server(
             &[IpAddr::V4(ip), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
             &[name.as_str(), "localhost"],
@@ -410,8 +461,13 @@ impl Shared {
                 server_tls,
                 maintenance_tls,
                 maintenance_fingerprint,
+                worker: kind == NodeKind::Worker,
             },
-            (!maintenance).then(|| self.machine_config.clone()),
+            match kind {
+                NodeKind::ControlPlane => Some(self.machine_config.clone()),
+                NodeKind::Worker => Some(self.worker_config.clone()),
+                NodeKind::Maintenance => None,
+            },
         )
     }
 
@@ -420,22 +476,25 @@ impl Shared {
     pub(crate) fn control_plane_etcd_urls(&self) -> Vec<String> {
         self.nodes()
             .iter()
-            .filter(|n| n.is_configured() && n.power() == Power::On)
+            .filter(|n| n.is_control_plane() && n.power() == Power::On)
             .map(|n| n.etcd_client_url())
             .collect()
     }
 
-    /// A channel to another node's apid, authenticated as a peer apid.
+    /// A channel to another node's apid, authenticated as a peer apid. A
+    /// failure reads as grpc-go's for a fail-fast call on a channel that
+    /// cannot connect (balancer/pickfirst, picker_wrapper.go): Unavailable,
+    /// the connection error with the dialled `host:port`, or the name
+    /// resolver's error for a name that does not resolve.
     pub(crate) async fn backend(&self, target: &str) -> Result<Channel, Status> {
-        let unreachable = |reason: String| {
-            Status::unavailable(format!(
-                "connection error: desc = \"transport: Error while dialing: dial tcp {target}: {reason}\""
-            ))
-        };
         let host = match self.find(target) {
             Some(node) => node.ip.to_string(),
             None if target.parse::<IpAddr>().is_ok() => target.to_string(),
-            None => return Err(unreachable(format!("lookup {target}: no such host"))),
+            None => {
+                return Err(Status::unavailable(
+                    "name resolver error: produced zero addresses",
+                ));
+            }
         };
         let mut backends = self.backends.lock().await;
         if let Some(channel) = backends.get(&host) {
@@ -447,7 +506,7 @@ impl Shared {
             .map_err(|e| Status::internal(e.to_string()))?;
         let channel = crate::dial::dial(&host, self.cfg.api_port, tls)
             .await
-            .map_err(unreachable)?;
+            .map_err(|desc| connection_error(&desc))?;
         backends.insert(host, channel.clone());
         Ok(channel)
     }
@@ -472,6 +531,14 @@ impl Shared {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// grpc-go's status for a connection that failed (transport.ConnectionError).
+pub(crate) fn connection_error(desc: &str) -> Status {
+    Status::unavailable(format!(
+        "connection error: desc = {}",
+        crate::go_errors::quote(desc)
+    ))
 }
 
 impl Drop for Cluster {

@@ -16,7 +16,10 @@ use tokio_rustls::client::TlsStream;
 use tonic::transport::{Channel, Endpoint};
 
 /// Connects to `host:port` and completes the TLS handshake, verifying the
-/// server certificate for `host`. The error is the innermost cause's text.
+/// server certificate for `host`. The error is the description grpc-go
+/// gives such a failure (internal/transport/http2_client.go): `transport:
+/// Error while dialing: dial tcp HOST:PORT: connect: ...` or `transport:
+/// authentication handshake failed: ...`.
 pub(crate) async fn dial(host: &str, port: u16, tls: Arc<ClientConfig>) -> Result<Channel, String> {
     let endpoint = Endpoint::from_shared(format!("https://{host}:{port}"))
         .map_err(|e| e.to_string())?
@@ -35,7 +38,8 @@ pub(crate) async fn dial(host: &str, port: u16, tls: Arc<ClientConfig>) -> Resul
         .map_err(|e| innermost(&e))
 }
 
-fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+/// The innermost cause's text (the connector's Go-style description).
+pub(crate) fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
     let mut last = e;
     while let Some(next) = last.source() {
         last = next;
@@ -64,12 +68,36 @@ impl tower::Service<Uri> for Connector {
         Box::pin(async move {
             let name = ServerName::try_from(this.host.clone())
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-            let tcp = TcpStream::connect((this.host.as_str(), this.port)).await?;
+            let address = format!("{}:{}", this.host, this.port);
+            let tcp = TcpStream::connect(address.as_str()).await.map_err(|e| {
+                std::io::Error::other(format!(
+                    "transport: Error while dialing: dial tcp {address}: {}",
+                    go_connect_error(&e)
+                ))
+            })?;
             tcp.set_nodelay(true)?;
             let stream = tokio_rustls::TlsConnector::from(this.tls)
                 .connect(name, tcp)
-                .await?;
+                .await
+                .map_err(|e| {
+                    std::io::Error::other(format!(
+                        "transport: authentication handshake failed: {e}"
+                    ))
+                })?;
             Ok(TokioIo::new(stream))
         })
+    }
+}
+
+/// A failed connect(2) as Go's net package words it.
+fn go_connect_error(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => "connect: connection refused".into(),
+        Some(libc::EHOSTUNREACH) => "connect: no route to host".into(),
+        Some(libc::ENETUNREACH) => "connect: network is unreachable".into(),
+        Some(libc::ETIMEDOUT) => "connect: connection timed out".into(),
+        Some(libc::EADDRNOTAVAIL) => "connect: cannot assign requested address".into(),
+        _ if e.kind() == std::io::ErrorKind::TimedOut => "i/o timeout".into(),
+        _ => format!("connect: {}", e.kind()),
     }
 }

@@ -134,27 +134,49 @@ pub(crate) fn parse(yaml: &[u8]) -> Result<MachineConfig, Status> {
             "the applied machine configuration doesn't contain v1alpha1 config, did you mean to patch the machine config instead?",
         )
     })?;
-    match v1alpha1
-        .get("machine")
-        .and_then(|m| m.get("type"))
-        .and_then(|t| t.as_str())
-    {
-        Some("controlplane" | "init") => {}
-        Some(other) => {
-            return Err(Status::invalid_argument(format!(
-                "1 error occurred:\n\t* machine type {other:?} cannot be applied to a control plane node without a reboot into a new install"
-            )));
-        }
-        None => {
-            return Err(Status::invalid_argument(
-                "1 error occurred:\n\t* machine.type is required",
-            ));
-        }
-    }
-    Ok(MachineConfig {
+    let config = MachineConfig {
         v1alpha1,
         documents,
-    })
+    };
+    if config.machine_type().is_none() {
+        return Err(Status::invalid_argument(
+            "1 error occurred:\n\t* machine.type is required",
+        ));
+    }
+    Ok(config)
+}
+
+impl MachineConfig {
+    /// `machine.type`.
+    pub(crate) fn machine_type(&self) -> Option<&str> {
+        self.v1alpha1
+            .get("machine")
+            .and_then(|m| m.get("type"))
+            .and_then(|t| t.as_str())
+    }
+
+    /// Whether it configures a worker.
+    pub(crate) fn is_worker(&self) -> bool {
+        self.machine_type() == Some("worker")
+    }
+
+    /// Refuses a configuration of the other machine type than the node's:
+    /// that takes a reinstall, not an apply.
+    pub(crate) fn check_role(&self, node_is_worker: bool) -> Result<(), Status> {
+        let node = if node_is_worker {
+            "a worker"
+        } else {
+            "a control plane"
+        };
+        match self.machine_type() {
+            Some("controlplane" | "init") if !node_is_worker => Ok(()),
+            Some("worker") if node_is_worker => Ok(()),
+            other => Err(Status::invalid_argument(format!(
+                "1 error occurred:\n\t* machine type {:?} cannot be applied to {node} node without a reboot into a new install",
+                other.unwrap_or_default()
+            ))),
+        }
+    }
 }
 
 /// Parses and re-encodes a configuration (see [`parse`]).

@@ -20,6 +20,7 @@ use tonic::{Code, Status};
 use tower::ServiceExt as _;
 
 use super::auth::{CallerRoles, IMPERSONATOR, READER};
+use super::go_errors;
 use super::machined::Machined;
 use super::proxy::{self, MethodKind};
 use super::serve::certificate_roles;
@@ -126,6 +127,9 @@ async fn route(machined: Machined, mut request: http::Request<Body>) -> http::Re
     if !nodes.is_empty() {
         return one_to_many(&machined, request, nodes, roles).await;
     }
+    if let Some(Err(status)) = node.first().map(|t| check_target(t)) {
+        return status.into_http();
+    }
     match node.first() {
         Some(target) if !machined.shared.is_self(&machined.node, target) => {
             prepare_forward(&machined, &mut request, &roles);
@@ -187,11 +191,24 @@ async fn forward(
     request: http::Request<Body>,
 ) -> Result<http::Response<Body>, Status> {
     let channel = machined.shared.backend(target).await?;
-    channel.oneshot(request).await.map_err(|e| {
-        Status::unavailable(format!(
-            "connection error: desc = \"transport: Error while dialing: {target}: {e}\""
-        ))
-    })
+    channel
+        .oneshot(request)
+        .await
+        .map_err(|e| crate::cluster::connection_error(&crate::dial::innermost(&e)))
+}
+
+/// Refuses a target apid cannot dial, failing the whole call as upstream's
+/// director does when its backend factory refuses one (director.go; the
+/// rule is backend.NewAPID's in internal/app/apid/pkg/backend/apid.go):
+/// Internal `invalid target "..."` for an empty target or one with a port.
+fn check_target(target: &str) -> Result<(), Status> {
+    if target.is_empty() || go_errors::contains_port(target) {
+        return Err(Status::internal(format!(
+            "invalid target {}",
+            go_errors::quote(target)
+        )));
+    }
+    Ok(())
 }
 
 async fn one_to_many(
@@ -208,6 +225,9 @@ async fn one_to_many(
             "one-2-many proxying is not supported for method {path}"
         ))
         .into_http();
+    }
+    if let Err(status) = targets.iter().try_for_each(|t| check_target(t)) {
+        return status.into_http();
     }
     let kind = proxy::method_kind(&path);
     if kind == MethodKind::ClientStreaming {

@@ -27,7 +27,7 @@ pub(crate) async fn health_check(
     let nodes: Vec<_> = shared
         .nodes()
         .into_iter()
-        .filter(|n| n.is_configured() && n.power() == Power::On)
+        .filter(|n| n.is_control_plane() && n.power() == Power::On)
         .collect();
     let names: Vec<_> = nodes.iter().map(|n| n.name.clone()).collect();
     let _ = tx

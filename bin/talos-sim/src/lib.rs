@@ -30,6 +30,7 @@ pub mod etcd_client;
 pub mod etcd_process;
 mod files;
 mod front;
+mod go_errors;
 mod health;
 mod immediate;
 mod kubeconfig;
@@ -152,6 +153,55 @@ pub struct SimConfig {
     pub boot_delay: Duration,
     /// etcd backend quota, bytes.
     pub quota_backend_bytes: u64,
+    /// Number of worker nodes (no etcd) started after the control plane.
+    pub workers: usize,
+    /// Waits and retries Talos runs on a fixed schedule; upstream's values
+    /// unless a test or `talos-sim up --timing-divisor` scales them down.
+    pub timing: TalosTiming,
+}
+
+/// The fixed waits and retry schedules of Talos that the simulator
+/// reproduces. [`TalosTiming::UPSTREAM`] is the default everywhere; only an
+/// explicit choice makes them shorter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TalosTiming {
+    /// EtcdLeaveCluster: the pause between attempts to remove the member
+    /// while etcd answers "unhealthy cluster" or "server stopped".
+    pub leave_retry_interval: Duration,
+    /// EtcdLeaveCluster: how long removal is retried in all.
+    pub leave_retry_limit: Duration,
+    /// EtcdLeaveCluster and EtcdForfeitLeadership: how long they wait for the
+    /// local etcd member to be running and healthy.
+    pub local_member_wait: Duration,
+}
+
+impl TalosTiming {
+    /// Talos 1.13.9: removal retried every 10 s for 5 min
+    /// (internal/pkg/etcd/etcd.go, LeaveCluster), the local member awaited
+    /// for 3 min (internal/pkg/etcd/local.go, GetLocalMemberID).
+    pub const UPSTREAM: TalosTiming = TalosTiming {
+        leave_retry_interval: Duration::from_secs(10),
+        leave_retry_limit: Duration::from_secs(300),
+        local_member_wait: Duration::from_secs(180),
+    };
+
+    /// Upstream's schedule with every duration divided by `divisor` (at
+    /// least 1).
+    pub fn scaled_down(divisor: u32) -> TalosTiming {
+        let d = divisor.max(1);
+        let up = TalosTiming::UPSTREAM;
+        TalosTiming {
+            leave_retry_interval: up.leave_retry_interval / d,
+            leave_retry_limit: up.leave_retry_limit / d,
+            local_member_wait: up.local_member_wait / d,
+        }
+    }
+}
+
+impl Default for TalosTiming {
+    fn default() -> Self {
+        TalosTiming::UPSTREAM
+    }
 }
 
 /// The Talos release whose API behaviour the simulator follows.
@@ -173,6 +223,8 @@ impl SimConfig {
             etcd_peer_port: 2380,
             boot_delay: Duration::from_secs(2),
             quota_backend_bytes: 8 << 30,
+            workers: 0,
+            timing: TalosTiming::UPSTREAM,
         }
     }
 
@@ -198,7 +250,9 @@ impl SimConfig {
         if self.api_port != 0 && self.etcd_client_port != 0 && self.etcd_peer_port != 0 {
             return Ok(());
         }
-        let addresses: Vec<Ipv4Addr> = (1..=self.nodes + 4).map(|i| self.node_ip(i)).collect();
+        let addresses: Vec<Ipv4Addr> = (1..=self.nodes + self.workers + 4)
+            .map(|i| self.node_ip(i))
+            .collect();
         for _ in 0..32 {
             let Some(ports) = (0..3)
                 .map(|_| free_port_on(&addresses))

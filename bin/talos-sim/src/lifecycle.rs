@@ -73,7 +73,7 @@ pub(crate) async fn reboot(shared: &Arc<Shared>, node: &Arc<Node>) {
 /// Brings a node up: etcd from its data (or joining the cluster anew when
 /// its data was wiped but it still has a configuration), then its API.
 pub(crate) async fn boot(shared: &Arc<Shared>, node: &Arc<Node>) {
-    if node.is_configured() {
+    if node.is_control_plane() {
         let started = if node.etcd_data_dir().join("member").exists() {
             node.restart_etcd().await
         } else {
@@ -127,7 +127,7 @@ pub(crate) async fn join_etcd(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<
     let peers: Vec<String> = shared
         .nodes()
         .iter()
-        .filter(|n| n.name != node.name && n.is_configured() && n.power() == Power::On)
+        .filter(|n| n.name != node.name && n.is_control_plane() && n.power() == Power::On)
         .map(|n| n.etcd_client_url())
         .collect();
     if peers.is_empty() {

@@ -139,12 +139,7 @@ impl Machined {
             }
             let mut targets = Vec::new();
             for spec in &request.system_partitions_to_wipe {
-                if !SYSTEM_VOLUMES.contains(&spec.label.as_str()) {
-                    return Err(Status::unknown(format!(
-                        "failed to get volume status with label {:?}: resource VolumeStatuses.block.talos.dev(runtime/{}@undefined) doesn't exist",
-                        spec.label, spec.label
-                    )));
-                }
+                self.node.locate_for_reset(&spec.label)?;
                 if spec.wipe {
                     targets.push(spec.label.clone());
                 }
@@ -271,7 +266,7 @@ impl MachineService for Machined {
     ) -> Result<Response<machine::ServiceListResponse>, Status> {
         authorize(&request, "ServiceList")?;
         let mut services = vec![Self::static_service("apid")];
-        if self.node.is_configured() {
+        if self.node.is_control_plane() {
             services.push(self.etcd_service().await);
         }
         services.push(Self::static_service("machined"));
@@ -328,6 +323,7 @@ impl MachineService for Machined {
             Status::invalid_argument(format!("unknown apply mode {}", request.mode))
         })?;
         let config = diff::parse(&request.data)?;
+        config.check_role(self.node.is_worker())?;
         let active = self.node.config.lock().expect("config lock").active.clone();
         let current = diff::parse(active.as_bytes());
         // Whether the change can take effect without a reboot decides the

@@ -2,6 +2,12 @@
 //! mirrors the handler of the same name in siderolabs/talos
 //! internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go and the
 //! helpers in internal/pkg/etcd/etcd.go.
+//!
+//! Errors reach the client as they leave a Go handler (see
+//! [`super::go_errors`]): an etcd server error the Go client knows becomes
+//! Unknown with its bare description; any other error of the etcd client
+//! (a transport failure) keeps its gRPC code, its text prefixed by the
+//! handler's `fmt.Errorf("...: %w")` context where there is one.
 
 use std::time::{Duration, Instant};
 
@@ -11,16 +17,12 @@ use tonic::{Code, Status};
 
 use super::cluster::Shared;
 use super::etcd_client::EtcdClient;
+use super::go_errors::{EtcdError, etcd_returned, etcd_wrapped};
 use super::node::Node;
 use crate::api::{common, etcdserverpb as pb, machine};
 
 /// Talos streams snapshots in chunks of this size (pkg/chunker/stream).
 pub(crate) const SNAPSHOT_CHUNK: usize = 1024;
-
-/// A plain (non-status) error from machined reaches the client as Unknown.
-fn failed(context: &str, status: &Status) -> Status {
-    Status::unknown(format!("{context}: {}", status.message()))
-}
 
 /// A client for every configured control-plane node's etcd, as upstream's
 /// `etcd.NewClientFromControlPlaneIPs`.
@@ -49,7 +51,8 @@ pub(crate) async fn member_list(
         node.check_controlplane("member list")?;
         cluster_client(shared).await?
     };
-    let members = client.member_list().await?;
+    // Returned as is by the handler.
+    let members = client.member_list().await.map_err(etcd_returned)?;
     Ok(machine::EtcdMembers {
         metadata: None,
         legacy_members: members.iter().map(|m| m.name.clone()).collect(),
@@ -63,54 +66,160 @@ pub(crate) async fn remove_member_by_id(
     id: u64,
 ) -> Result<(), Status> {
     node.check_controlplane("etcd remove member")?;
-    match cluster_client(shared).await?.member_remove(id).await {
-        Ok(()) => Ok(()),
-        Err(status) if status.code() == Code::NotFound => Err(Status::not_found(format!(
+    let Err(status) = cluster_client(shared).await?.member_remove(id).await else {
+        return Ok(());
+    };
+    // RemoveMemberByMemberID wraps the error ("failed to remove member
+    // %d"); the handler maps "member not found" to NotFound and wraps
+    // anything else once more.
+    let error = EtcdError::from_status(&status);
+    if error.is(MEMBER_NOT_FOUND) {
+        return Err(Status::not_found(format!(
             "failed to remove member {id}: {}",
-            status.message()
-        ))),
-        Err(status) => Err(failed(&format!("failed to remove member {id}"), &status)),
+            error.text()
+        )));
+    }
+    Err(error.wrapped(&format!(
+        "failed to remove member: failed to remove member {id}"
+    )))
+}
+
+const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
+
+/// Waits for the local etcd member to be running and healthy and returns
+/// its id, as upstream's GetLocalMemberID (internal/pkg/etcd/local.go)
+/// waits for the etcd.Member resource, which exists only while the etcd
+/// service runs and passes its quorum health check. After
+/// `local_member_wait` (3 min upstream) it fails with the context's error:
+/// DeadlineExceeded. (Upstream's health check runs every 20 s, so the
+/// resource lags etcd's state by up to that; the simulator looks at once.)
+async fn wait_local_member_id(node: &Node, shared: &Shared) -> Result<u64, Status> {
+    let deadline = Instant::now() + shared.cfg.timing.local_member_wait;
+    loop {
+        if node.etcd_running().await {
+            let url = node.etcd_client_url();
+            if let Ok(client) = EtcdClient::connect(std::slice::from_ref(&url)).await
+                && let Ok(status) = client.status(&url).await
+                && status.leader != 0
+                && let Some(header) = status.header
+            {
+                return Ok(header.member_id);
+            }
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Status::deadline_exceeded(
+                "failed to get local etcd member ID: context deadline exceeded",
+            ));
+        }
+        tokio::time::sleep((deadline - now).min(Duration::from_millis(100))).await;
     }
 }
 
-/// The local member's id, from its own status.
-async fn local_member_id(node: &Node, api: &str) -> Result<u64, Status> {
-    let (client, url) = node.local_etcd(api).await?;
-    let status = client.status(&url).await?;
-    Ok(status.header.map(|h| h.member_id).unwrap_or_default())
+/// Errors collected by a retry, as siderolabs/go-retry's ErrorSet: each
+/// distinct text once, in order.
+#[derive(Default)]
+struct ErrorSet {
+    texts: Vec<String>,
+    /// The first error that carries a gRPC status (what grpc-go finds
+    /// through `errors.As`), else the set reaches the client as Unknown.
+    status_code: Option<Code>,
 }
 
-/// Removes the node's own member (retrying while etcd reports itself
-/// unhealthy; "member not found" counts as done), then stops etcd and
-/// deletes its data, as upstream's `Client.LeaveCluster`.
-pub(crate) async fn leave_cluster(node: &Node, shared: &Shared) -> Result<(), Status> {
-    let member_id = local_member_id(node, "etcd leave").await?;
-    let client = cluster_client(shared).await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match client.member_remove(member_id).await {
-            Ok(()) => break,
-            Err(status) if status.code() == Code::NotFound => break,
-            Err(status) if status.code() == Code::Unavailable && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(status) => {
-                return Err(failed(
-                    "failed to leave cluster",
-                    &Status::new(
-                        status.code(),
-                        format!("failed to remove member {member_id}: {}", status.message()),
-                    ),
-                ));
+impl ErrorSet {
+    fn push(&mut self, text: String, code: Option<Code>) {
+        if !self.texts.contains(&text) {
+            self.texts.push(text);
+            if self.status_code.is_none() {
+                self.status_code = code;
             }
         }
     }
+
+    fn into_status(self, context: &str) -> Status {
+        let mut message = format!("{context}: {} error(s) occurred:", self.texts.len());
+        for text in &self.texts {
+            message.push_str("\n\t");
+            message.push_str(text);
+        }
+        Status::new(self.status_code.unwrap_or(Code::Unknown), message)
+    }
+}
+
+/// Removes the local member, retrying as upstream's `Client.LeaveCluster`
+/// (internal/pkg/etcd/etcd.go) does: only "unhealthy cluster" and "server
+/// stopped" are retried, every `leave_retry_interval` until
+/// `leave_retry_limit` (10 s and 5 min upstream); "member not found" counts
+/// as done; anything else ends the retry at once. The errors come back as
+/// go-retry's set ("N error(s) occurred:", "timeout" when time ran out).
+async fn remove_self(client: &EtcdClient, member_id: u64, shared: &Shared) -> Result<(), ErrorSet> {
+    let timing = shared.cfg.timing;
+    let deadline = Instant::now() + timing.leave_retry_limit;
+    let mut errors = ErrorSet::default();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt = tokio::time::timeout(left, client.member_remove(member_id)).await;
+        let status = match attempt {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(status)) => status,
+            Err(_) => {
+                errors.push("timeout".into(), None);
+                return Err(errors);
+            }
+        };
+        let error = EtcdError::from_status(&status);
+        if error.is(MEMBER_NOT_FOUND) {
+            return Ok(());
+        }
+        let retry = error.is("etcdserver: unhealthy cluster")
+            || error.is("etcdserver: server stopped")
+            || matches!(error, EtcdError::Deadline);
+        let (text, code) = match &error {
+            // go-retry records a deadline inside an attempt as "timeout".
+            EtcdError::Deadline => ("timeout".to_string(), None),
+            EtcdError::Server(_) => (
+                format!("failed to remove member {member_id}: {}", error.text()),
+                None,
+            ),
+            EtcdError::Transport(s) => (
+                format!("failed to remove member {member_id}: {}", error.text()),
+                Some(s.code()),
+            ),
+        };
+        errors.push(text, code);
+        if !retry {
+            return Err(errors);
+        }
+        let now = Instant::now();
+        if now + timing.leave_retry_interval >= deadline {
+            tokio::time::sleep(deadline.saturating_duration_since(now)).await;
+            errors.push("timeout".into(), None);
+            return Err(errors);
+        }
+        tokio::time::sleep(timing.leave_retry_interval).await;
+    }
+}
+
+/// Removes the node's own member, then stops etcd and deletes its data, as
+/// upstream's EtcdLeaveCluster handler and `Client.LeaveCluster`. When etcd
+/// does not run here, the call waits for it as upstream does (see
+/// [`wait_local_member_id`]) and fails with DeadlineExceeded.
+pub(crate) async fn leave_cluster(node: &Node, shared: &Shared) -> Result<(), Status> {
+    const CONTEXT: &str = "failed to leave cluster";
+    node.check_controlplane("etcd leave")?;
+    let client = cluster_client(shared).await?;
+    let member_id = wait_local_member_id(node, shared)
+        .await
+        .map_err(|s| Status::new(s.code(), format!("{CONTEXT}: {}", s.message())))?;
+    remove_self(&client, member_id, shared)
+        .await
+        .map_err(|errors| errors.into_status(CONTEXT))?;
     node.stop_etcd().await;
     let data = node.etcd_data_dir();
     if data.exists() {
         std::fs::remove_dir_all(&data).map_err(|e| {
             Status::unknown(format!(
-                "failed to leave cluster: failed to remove {}: {e}",
+                "{CONTEXT}: failed to remove {}: {e}",
                 data.display()
             ))
         })?;
@@ -125,25 +234,37 @@ pub(crate) async fn leave_cluster(node: &Node, shared: &Shared) -> Result<(), St
 /// call fails. Returns the new leader's name, or "" when this node was not
 /// the leader.
 pub(crate) async fn forfeit_leadership(node: &Node, shared: &Shared) -> Result<String, Status> {
-    let (local, url) = node.local_etcd("etcd forfeit leadership").await?;
-    let members = cluster_client(shared).await?.member_list().await?;
+    const CONTEXT: &str = "failed to forfeit leadership";
+    node.check_controlplane("etcd forfeit leadership")?;
+    let client = cluster_client(shared).await?;
+    let own = wait_local_member_id(node, shared).await?;
+    let members = client.member_list().await.map_err(etcd_wrapped(
+        "failed to forfeit leadership: failed to list etcd members",
+    ))?;
     if members.len() == 1 {
-        return Err(Status::unknown(
-            "failed to forfeit leadership: cannot forfeit leadership, only one member",
-        ));
+        return Err(Status::unknown(format!(
+            "{CONTEXT}: cannot forfeit leadership, only one member"
+        )));
     }
-    let status = local.status(&url).await?;
-    let own = status.header.map(|h| h.member_id).unwrap_or_default();
+    let Some(me) = members.iter().find(|m| m.id == own) else {
+        return Err(Status::unknown(format!(
+            "{CONTEXT}: failed to find \"{own:016x}\" in list of etcd members"
+        )));
+    };
+    let Some(url) = me.client_ur_ls.first() else {
+        return Ok(String::new());
+    };
+    let status = client.status(url).await.map_err(etcd_wrapped(CONTEXT))?;
     if status.leader != own {
         return Ok(String::new());
     }
     let Some(target) = members.iter().find(|m| m.id != own) else {
         return Ok(String::new());
     };
-    match local.move_leader(&url, target.id).await {
+    match client.move_leader(url, target.id).await {
         Ok(()) => Ok(target.name.clone()),
-        Err(s) if s.message().contains("not leader") => Ok(String::new()),
-        Err(s) => Err(failed("failed to forfeit leadership", &s)),
+        Err(s) if EtcdError::from_status(&s).is("etcdserver: not leader") => Ok(String::new()),
+        Err(s) => Err(etcd_wrapped(CONTEXT)(s)),
     }
 }
 
@@ -157,7 +278,7 @@ pub(crate) async fn snapshot(
     let mut upstream = client
         .snapshot(&url)
         .await
-        .map_err(|s| failed("failed reading etcd snapshot", &s))?;
+        .map_err(etcd_wrapped("failed reading etcd snapshot"))?;
     let mut fault = node.take_snapshot_fault();
     let name = node.name.clone();
     let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -212,7 +333,7 @@ pub(crate) async fn alarm_list(node: &Node) -> Result<Vec<machine::EtcdMemberAla
     let alarms = client
         .alarm_list()
         .await
-        .map_err(|s| failed("failed to list etcd alarms", &s))?;
+        .map_err(etcd_wrapped("failed to list etcd alarms"))?;
     Ok(to_alarms(alarms))
 }
 
@@ -221,7 +342,7 @@ pub(crate) async fn alarm_disarm(node: &Node) -> Result<Vec<machine::EtcdMemberA
     let alarms = client
         .alarm_disarm_all()
         .await
-        .map_err(|s| failed("failed to disarm etcd alarm", &s))?;
+        .map_err(etcd_wrapped("failed to disarm etcd alarm"))?;
     Ok(to_alarms(alarms))
 }
 
@@ -230,7 +351,7 @@ pub(crate) async fn defragment(node: &Node) -> Result<(), Status> {
     client
         .defragment(&url)
         .await
-        .map_err(|s| failed("failed to defragment etcd", &s))
+        .map_err(etcd_wrapped("failed to defragment etcd"))
 }
 
 pub(crate) async fn status(node: &Node) -> Result<machine::EtcdMemberStatus, Status> {
@@ -238,7 +359,7 @@ pub(crate) async fn status(node: &Node) -> Result<machine::EtcdMemberStatus, Sta
     let s = client
         .status(&url)
         .await
-        .map_err(|s| failed("failed to query etcd status", &s))?;
+        .map_err(etcd_wrapped("failed to query etcd status"))?;
     // etcd before 3.6 leaves storageVersion empty; upstream derives it from
     // the server version.
     let storage_version = if s.storage_version.is_empty() {

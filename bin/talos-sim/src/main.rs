@@ -62,6 +62,9 @@ struct UpArgs {
     /// Number of control-plane nodes.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
+    /// Number of worker nodes (an API, no etcd), after the control plane.
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
     /// Directory for talosconfigs, PKI, logs and node data (default: a new
     /// temporary directory, removed on exit).
     #[arg(long)]
@@ -84,6 +87,11 @@ struct UpArgs {
     /// Print the node list as JSON.
     #[arg(long)]
     json: bool,
+    /// Divide Talos's fixed waits and retry schedules (EtcdLeaveCluster's
+    /// 10 s retry interval and 5 min limit, the 3 min wait for the local etcd
+    /// member) by N. The default, 1, keeps upstream's values.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    timing_divisor: u32,
 }
 
 #[tokio::main]
@@ -143,7 +151,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         }
     };
     let _lock = lock_dir(&dir)?;
-    let cfg = if args.isolated {
+    let mut cfg = if args.isolated {
         SimConfig::isolated(&dir, args.nodes)
     } else {
         SimConfig {
@@ -154,9 +162,11 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
             ..SimConfig::new(&dir, args.nodes)
         }
     };
+    cfg.workers = args.workers;
     if cfg.nodes == 0 {
         bail!("--nodes must be at least 1");
     }
+    cfg.timing = talos_sim::TalosTiming::scaled_down(args.timing_divisor);
     let cluster = Cluster::up(cfg).await.context("starting the cluster")?;
     cluster.serve_control(&dir.join("control.sock"))?;
     if args.json {
@@ -165,15 +175,26 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
             serde_json::json!({ "dir": dir, "talosconfig": cluster.talosconfig_path(), "nodes": cluster.nodes() })
         );
     } else {
+        let nodes = cluster.nodes();
+        let workers = nodes.iter().filter(|n| n.worker).count();
         println!(
-            "talos-sim: {} control-plane nodes running",
-            cluster.nodes().len()
+            "talos-sim: {} control-plane nodes{} running",
+            nodes.len() - workers,
+            if workers > 0 {
+                format!(" and {workers} workers")
+            } else {
+                String::new()
+            }
         );
-        for node in cluster.nodes() {
-            println!(
-                "  {:<6} {:<16} etcd {}",
-                node.name, node.api, node.etcd_client_url
-            );
+        for node in &nodes {
+            if node.worker {
+                println!("  {:<9} {:<16} worker (no etcd)", node.name, node.api);
+            } else {
+                println!(
+                    "  {:<9} {:<16} etcd {}",
+                    node.name, node.api, node.etcd_client_url
+                );
+            }
         }
         println!("directory:   {}", dir.display());
         println!("talosconfig: {}", cluster.talosconfig_path().display());

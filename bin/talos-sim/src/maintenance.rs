@@ -2,7 +2,8 @@
 //! there (internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go):
 //! any caller may apply, REBOOT means NO_REBOOT, nothing is checked against
 //! a running configuration, and the node then boots into the new one: it
-//! serves the cluster's certificate and joins etcd as a learner.
+//! serves the cluster's certificate and, with a control-plane
+//! configuration, joins etcd as a learner (a worker has no etcd).
 
 use std::sync::Arc;
 
@@ -25,6 +26,7 @@ pub(crate) fn apply(
         .map_err(|_| Status::invalid_argument(format!("unknown apply mode {}", request.mode)))?;
     let config = diff::parse(&request.data)?;
     check_cluster_ca(shared, &config)?;
+    let worker = config.is_worker();
     let mode = match mode {
         Mode::Reboot | Mode::Auto => Mode::NoReboot,
         other => other,
@@ -40,6 +42,7 @@ pub(crate) fn apply(
             ),
         )));
     }
+    node.set_worker(worker);
     node.persist_config(&config)
         .map_err(|e| Status::internal(format!("failed to persist config: {e}")))?;
     node.config.lock().expect("config lock").active = config;

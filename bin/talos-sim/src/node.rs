@@ -14,10 +14,26 @@ use super::SimError;
 use super::etcd_client::EtcdClient;
 use super::etcd_process::{ClusterState, EtcdProcess, EtcdSpec};
 
-/// The system volumes of a simulated node, by label. Upstream resolves reset
-/// labels against VolumeStatus resources; these are the ones a Talos control
-/// plane always has.
-pub const SYSTEM_VOLUMES: [&str; 3] = ["STATE", "EPHEMERAL", "META"];
+/// The system volumes of a simulated node, by label: the partitions of an
+/// installed Talos 1.13 control plane's system disk, the image cache
+/// included. Upstream resolves reset labels against VolumeStatus resources
+/// (v1alpha1_server.go, Reset).
+pub const SYSTEM_VOLUMES: [&str; 4] = ["STATE", "EPHEMERAL", "META", "IMAGECACHE"];
+
+/// A volume upstream knows but could not locate on any disk: the image
+/// cache's ISO volume, which only a boot from ISO provides.
+pub const UNLOCATED_VOLUMES: [&str; 1] = ["IMAGECACHE-ISO"];
+
+/// Where a volume named by a reset label stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeLookup {
+    /// A volume on a disk: it can be wiped.
+    Located,
+    /// A volume Talos knows of but found on no disk.
+    NotLocated,
+    /// No such volume.
+    Missing,
+}
 
 /// One entry of a service's event history.
 #[derive(Debug, Clone)]
@@ -72,6 +88,8 @@ pub struct Node {
     /// The SPKI fingerprint of the maintenance certificate, as a real node
     /// prints it on its console for `--cert-fingerprint`.
     pub maintenance_fingerprint: String,
+    /// A worker: configured, but no etcd.
+    worker: std::sync::atomic::AtomicBool,
     etcd: tokio::sync::Mutex<Option<EtcdProcess>>,
     pub(crate) config: Mutex<ConfigState>,
     pub(crate) apply_lock: tokio::sync::Mutex<()>,
@@ -96,6 +114,7 @@ pub(crate) struct NodeLayout {
     pub server_tls: Arc<ServerConfig>,
     pub maintenance_tls: Arc<ServerConfig>,
     pub maintenance_fingerprint: String,
+    pub worker: bool,
 }
 
 impl Node {
@@ -117,6 +136,7 @@ impl Node {
             server_tls: layout.server_tls,
             maintenance_tls: layout.maintenance_tls,
             maintenance_fingerprint: layout.maintenance_fingerprint,
+            worker: std::sync::atomic::AtomicBool::new(layout.worker),
             etcd: tokio::sync::Mutex::new(None),
             config: Mutex::new(ConfigState {
                 active: machine_config.clone().unwrap_or_default(),
@@ -185,6 +205,21 @@ impl Node {
     /// maintenance mode: no machine type, no etcd).
     pub fn is_configured(&self) -> bool {
         self.config_path().exists()
+    }
+
+    /// Whether the node is a worker (configured without etcd).
+    pub fn is_worker(&self) -> bool {
+        self.worker.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_worker(&self, worker: bool) {
+        self.worker
+            .store(worker, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the node is a configured control-plane node (one with etcd).
+    pub fn is_control_plane(&self) -> bool {
+        self.is_configured() && !self.is_worker()
     }
 
     /// The TLS its API serves with now: the cluster's once configured,
@@ -353,12 +388,56 @@ impl Node {
     /// Unimplemented unless the node has a configuration, as
     /// machinehelper.CheckControlplane does for a machine without a type.
     pub(crate) fn check_controlplane(&self, api: &str) -> Result<(), Status> {
-        if self.is_configured() {
-            Ok(())
-        } else {
+        if !self.is_configured() {
             Err(Status::unimplemented(format!(
                 "machine type is not set, cannot use {api} API"
             )))
+        } else if self.is_worker() {
+            Err(Status::unimplemented(format!(
+                "{api} is only available on control plane nodes"
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Looks a reset label up as upstream looks up a VolumeStatus by id: the
+    /// system volumes, the unlocated ones, and the user volumes declared by
+    /// `UserVolumeConfig` documents in the active configuration (id `u-NAME`,
+    /// constants.UserVolumePrefix).
+    pub fn lookup_volume(&self, label: &str) -> VolumeLookup {
+        if SYSTEM_VOLUMES.contains(&label) {
+            return VolumeLookup::Located;
+        }
+        if UNLOCATED_VOLUMES.contains(&label) {
+            return VolumeLookup::NotLocated;
+        }
+        let declared = label.strip_prefix("u-").is_some_and(|name| {
+            user_volume_names(&self.active_config())
+                .iter()
+                .any(|n| n == name)
+        });
+        if declared {
+            VolumeLookup::Located
+        } else {
+            VolumeLookup::Missing
+        }
+    }
+
+    /// Resolves a reset label as upstream's Reset handler does
+    /// (v1alpha1_server.go): a missing VolumeStatus and a volume without a
+    /// location each fail with the handler's own (plain, hence Unknown)
+    /// error.
+    pub(crate) fn locate_for_reset(&self, label: &str) -> Result<(), tonic::Status> {
+        let quoted = crate::go_errors::quote(label);
+        match self.lookup_volume(label) {
+            VolumeLookup::Located => Ok(()),
+            VolumeLookup::NotLocated => Err(tonic::Status::unknown(format!(
+                "failed to reset: volume {quoted} is not located"
+            ))),
+            VolumeLookup::Missing => Err(tonic::Status::unknown(format!(
+                "failed to get volume status with label {quoted}: resource VolumeStatuses.block.talos.dev(runtime/{label}@undefined) doesn't exist"
+            ))),
         }
     }
 
@@ -375,4 +454,19 @@ impl Node {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// The names of the `UserVolumeConfig` documents in a machine configuration.
+pub(crate) fn user_volume_names(config: &str) -> Vec<String> {
+    use serde::Deserialize as _;
+    #[derive(serde::Deserialize)]
+    struct Document {
+        kind: Option<String>,
+        name: Option<String>,
+    }
+    serde_norway::Deserializer::from_str(config)
+        .filter_map(|doc| Document::deserialize(doc).ok())
+        .filter(|doc| doc.kind.as_deref() == Some("UserVolumeConfig"))
+        .filter_map(|doc| doc.name)
+        .collect()
 }

@@ -14,6 +14,7 @@ use tonic::body::Body;
 use tonic::{Code, Status};
 
 use crate::api::{common, google};
+use crate::go_errors;
 
 /// How a method streams, which decides how answers are merged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,46 +72,29 @@ impl Deframer {
     }
 }
 
-/// Go's name of a gRPC code, as it appears in `rpc error: code = ...`.
-fn go_code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "Canceled",
-        Code::Unknown => "Unknown",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::DeadlineExceeded => "DeadlineExceeded",
-        Code::NotFound => "NotFound",
-        Code::AlreadyExists => "AlreadyExists",
-        Code::PermissionDenied => "PermissionDenied",
-        Code::ResourceExhausted => "ResourceExhausted",
-        Code::FailedPrecondition => "FailedPrecondition",
-        Code::Aborted => "Aborted",
-        Code::OutOfRange => "OutOfRange",
-        Code::Unimplemented => "Unimplemented",
-        Code::Internal => "Internal",
-        Code::Unavailable => "Unavailable",
-        Code::DataLoss => "DataLoss",
-        Code::Unauthenticated => "Unauthenticated",
-    }
-}
-
 /// The message that stands in for a node that failed: only metadata, with
-/// the error as Go formats it and as a status (`BuildError`).
+/// the error as Go formats it and as a status, details included
+/// (`BuildError`: `status.Convert(err).Proto()`).
 fn error_metadata(node: &str, status: &Status) -> common::Empty {
     common::Empty {
         metadata: Some(common::Metadata {
             hostname: node.to_string(),
-            error: format!(
-                "rpc error: code = {} desc = {}",
-                go_code_name(status.code()),
-                status.message()
-            ),
-            status: Some(google::rpc::Status {
-                code: status.code() as i32,
-                message: status.message().to_string(),
-                details: vec![],
-            }),
+            error: go_errors::rpc_error_text(status),
+            status: Some(status_proto(status)),
         }),
+    }
+}
+
+/// A status as google.rpc.Status: tonic keeps the encoded status it
+/// received in `grpc-status-details-bin` as the details bytes.
+fn status_proto(status: &Status) -> google::rpc::Status {
+    let details = google::rpc::Status::decode(status.details())
+        .map(|s| s.details)
+        .unwrap_or_default();
+    google::rpc::Status {
+        code: status.code() as i32,
+        message: status.message().to_string(),
+        details,
     }
 }
 
@@ -318,6 +302,34 @@ mod tests {
         );
         assert_eq!(md.status.as_ref().unwrap().code, Code::Unavailable as i32);
         assert!(decoded.messages[0].members.is_empty());
+    }
+
+    #[test]
+    fn a_failed_nodes_status_keeps_its_details() {
+        let detail = prost_types::Any {
+            type_url: "type.googleapis.com/google.rpc.ErrorInfo".into(),
+            value: b"\x0a\x06reason".to_vec(),
+        };
+        let sent = google::rpc::Status {
+            code: Code::FailedPrecondition as i32,
+            message: "not now".into(),
+            details: vec![detail.clone()],
+        };
+        let status = Status::with_details(
+            Code::FailedPrecondition,
+            "not now",
+            sent.encode_to_vec().into(),
+        );
+        let part = unary_part("10.0.0.9", Err(status.clone()));
+        let decoded = common::EmptyResponse::decode(part.as_slice()).unwrap();
+        let md = decoded.messages[0].metadata.as_ref().unwrap();
+        assert_eq!(md.status.as_ref().unwrap(), &sent);
+        let streamed = streamed_error("10.0.0.9", &status);
+        let streamed = common::Empty::decode(&streamed[5..]).unwrap();
+        assert_eq!(
+            streamed.metadata.unwrap().status.unwrap().details,
+            vec![detail]
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use talos_test_support as common;
 use std::time::Duration;
 
 use common::sim::{SimCluster, wait_for};
-use talos_client::client::{RebootMode, ResetRequest};
+use talos_client::client::{ApplyMode, ApplyRequest, RebootMode, ResetRequest};
 use talos_client::{Client, Error};
 
 /// Waits until the node stops answering (connection refused or reset).
@@ -108,6 +108,74 @@ async fn unknown_wipe_labels_are_rejected_and_change_nothing() {
     };
     let err = client.reset(request).await.unwrap_err();
     assert!(err.to_string().contains("/dev/sdb wasn't found"), "{err}");
+}
+
+fn wipe(labels: &[&str]) -> ResetRequest {
+    ResetRequest {
+        graceful: false,
+        reboot: false,
+        system_labels_to_wipe: labels.iter().map(|l| l.to_string()).collect(),
+        ..ResetRequest::default()
+    }
+}
+
+/// v1alpha1_server.go Reset looks each label up as a VolumeStatus: the
+/// system disk's IMAGECACHE and user volumes (`u-NAME`) can be wiped; a
+/// volume Talos knows but did not locate fails with its own text.
+#[tokio::test]
+async fn reset_labels_reach_imagecache_and_user_volumes_but_not_unlocated_ones() {
+    let sim = SimCluster::start(1).await;
+    let client = direct(&sim, 1);
+    let node = sim.cluster.node("cp-1").unwrap();
+
+    let err = client.reset(wipe(&["IMAGECACHE-ISO"])).await.unwrap_err();
+    match &err {
+        Error::Status { failure, .. } => assert_eq!(
+            failure.message,
+            "failed to reset: volume \"IMAGECACHE-ISO\" is not located"
+        ),
+        other => panic!("expected Unknown, got {other:?}"),
+    }
+    // A user volume that no UserVolumeConfig declares does not exist.
+    let err = client.reset(wipe(&["u-data"])).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("failed to get volume status with label \"u-data\""),
+        "{err}"
+    );
+
+    let config = format!(
+        "{}\n---\napiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nprovisioning:\n  diskSelector:\n    match: '!system_disk'\n  minSize: 1GiB\n",
+        node.active_config()
+    );
+    client
+        .apply_configuration(ApplyRequest::new(config, ApplyMode::NoReboot))
+        .await
+        .expect("a user volume is declared");
+    let markers = [
+        node.volume("IMAGECACHE").join("cached"),
+        node.volume("u-data").join("user-file"),
+    ];
+    for marker in &markers {
+        std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+        std::fs::write(marker, b"x").unwrap();
+    }
+    client
+        .reset(wipe(&["IMAGECACHE", "u-data"]))
+        .await
+        .expect("both labels resolve");
+    // Powered off once the wipe is over.
+    wait_for("the node to power off", Duration::from_secs(30), || async {
+        (node.power() == talos_sim::node::Power::Off).then_some(())
+    })
+    .await;
+    for marker in &markers {
+        assert!(!marker.exists(), "{} survived", marker.display());
+    }
+    assert!(
+        node.config_path().exists(),
+        "STATE was not asked to be wiped"
+    );
 }
 
 #[tokio::test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::sim::{SimCluster, wait_for};
 use talos_client::Error;
 use talos_sim::pki::{LeafSpec, Usage};
+use tonic::Code;
 
 #[tokio::test]
 async fn aggregated_nodes_tag_each_answer_and_report_a_dead_node() {
@@ -72,7 +73,80 @@ async fn an_unknown_node_is_unavailable() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
-    assert!(err.to_string().contains("no such host"), "{err}");
+    // grpc-go's answer for a name its resolver finds no address for.
+    assert!(
+        err.to_string()
+            .contains("name resolver error: produced zero addresses"),
+        "{err}"
+    );
+}
+
+/// apid (internal/app/apid/pkg/backend/apid.go, director.go): a node that
+/// cannot be dialled answers with grpc-go's connection error, which names
+/// the port; an empty target or one with a port fails the whole call.
+#[tokio::test]
+async fn dial_errors_name_the_port_and_bad_targets_fail_the_whole_call() {
+    let sim = SimCluster::start(2).await;
+    let admin = sim.admin();
+    let port = sim.cluster.config().api_port;
+    let nobody = sim.cluster.config().node_ip(200).to_string();
+    let replies = admin
+        .aggregate([sim.ip(1), nobody.clone()])
+        .hostname()
+        .await
+        .expect("the call as a whole succeeds");
+    let dead = replies.iter().find(|r| r.node == nobody).unwrap();
+    let expected = format!(
+        "connection error: desc = \"transport: Error while dialing: dial tcp {nobody}:{port}: connect: connection refused\""
+    );
+    match &dead.result {
+        Err(Error::Unavailable(f)) => assert_eq!(f.message, expected),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    match admin.node(nobody.clone()).hostname().await {
+        Err(Error::Unavailable(f)) => assert_eq!(f.message, expected),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    // The same text when apid had a connection to the node before it died.
+    assert_eq!(admin.node(sim.ip(2)).hostname().await.unwrap(), "cp-2");
+    sim.cluster.power_off(&sim.ip(2)).await.unwrap();
+    let expected = format!(
+        "connection error: desc = \"transport: Error while dialing: dial tcp {}:{port}: connect: connection refused\"",
+        sim.ip(2)
+    );
+    wait_for(
+        "node 2's error to name its port",
+        Duration::from_secs(20),
+        || async {
+            match admin.node(sim.ip(2)).hostname().await {
+                Err(Error::Unavailable(f)) if f.message == expected => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await;
+
+    for bad in [format!("{}:{port}", sim.ip(1)), String::new()] {
+        let invalid = format!("invalid target {bad:?}");
+        match admin.aggregate([sim.ip(1), bad.clone()]).hostname().await {
+            Err(Error::Status { code, failure }) => {
+                assert_eq!(
+                    (code, failure.message.as_str()),
+                    (Code::Internal, invalid.as_str())
+                )
+            }
+            other => panic!("expected Internal for {bad:?}, got {other:?}"),
+        }
+        match admin.node(bad.clone()).hostname().await {
+            Err(Error::Status { code, failure }) => {
+                assert_eq!(
+                    (code, failure.message.as_str()),
+                    (Code::Internal, invalid.as_str())
+                )
+            }
+            other => panic!("expected Internal for {bad:?}, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]

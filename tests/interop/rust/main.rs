@@ -293,6 +293,7 @@ const DRIVER_CHECKS: &[&str] = &[
     "version-node",
     "hostname-nodes",
     "version-nodes",
+    "nodes-targets",
     "etcd-member-list",
     "etcd-status",
     "etcd-alarm-list",
@@ -300,9 +301,12 @@ const DRIVER_CHECKS: &[&str] = &[
     "etcd-defragment",
     "etcd-snapshot",
     "etcd-snapshot-chunks",
+    "etcd-snapshot-truncated",
     "reader-roles",
     "apply-dry-run",
     "apply-try",
+    "apply-try-rollback-target",
+    "apply-try-cancelled",
     "etcd-forfeit-leadership",
     "etcd-leave-cluster",
     "reset-power-off",
@@ -320,6 +324,9 @@ async fn official_go_client_against_the_simulator() {
         .expect("simulated cluster starts");
     let hostnames: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
     let d = dir.path();
+    cluster
+        .serve_control(&d.join("control.sock"))
+        .expect("control socket");
     let args: Vec<OsString> = vec![
         "--talosconfig".into(),
         d.join("talosconfig").into(),
@@ -331,6 +338,8 @@ async fn official_go_client_against_the_simulator() {
         hostnames.join(",").into(),
         "--work-dir".into(),
         d.into(),
+        "--control-socket".into(),
+        d.join("control.sock").into(),
     ];
     let run = harness::run_driver(&args, Duration::from_secs(300)).await;
     println!("{}", run.output);

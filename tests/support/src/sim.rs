@@ -15,11 +15,24 @@ pub struct SimCluster {
 }
 
 impl SimCluster {
+    /// Starts a cluster whose Talos schedules (EtcdLeaveCluster's retries,
+    /// the wait for the local member) run ten times faster than upstream's,
+    /// so a leave that meets etcd's "unhealthy cluster" just after startup
+    /// retries after 1 s, not 10 s.
     pub async fn start(nodes: usize) -> SimCluster {
+        SimCluster::start_with(nodes, |cfg| {
+            cfg.timing = talos_sim::TalosTiming::scaled_down(10)
+        })
+        .await
+    }
+
+    /// Starts a cluster whose isolated layout `adjust` may change first
+    /// (e.g. a scaled-down [`talos_sim::TalosTiming`]).
+    pub async fn start_with(nodes: usize, adjust: impl FnOnce(&mut SimConfig)) -> SimCluster {
         let dir = tempfile::tempdir().unwrap();
-        let cluster = Cluster::up(SimConfig::isolated(dir.path(), nodes))
-            .await
-            .expect("simulated cluster starts");
+        let mut cfg = SimConfig::isolated(dir.path(), nodes);
+        adjust(&mut cfg);
+        let cluster = Cluster::up(cfg).await.expect("simulated cluster starts");
         SimCluster { cluster, dir }
     }
 

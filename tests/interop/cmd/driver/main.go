@@ -8,7 +8,7 @@
 //
 //	driver --talosconfig DIR/talosconfig --machine-config DIR/controlplane.yaml \
 //	       --hostnames cp-1,cp-2,cp-3 [--reader-talosconfig DIR/talosconfig-reader] \
-//	       [--work-dir DIR]
+//	       [--work-dir DIR] [--control-socket DIR/control.sock]
 //
 // The talosconfig's endpoints are the nodes, in the order of --hostnames.
 // It prints one line per check (`ok NAME` or `FAIL NAME: why`) and exits 1
@@ -45,6 +45,8 @@ type driver struct {
 	ids           map[string]uint64
 	machineConfig string
 	workDir       string
+	// controlSocket is talos-sim's control socket (arms faults).
+	controlSocket string
 }
 
 type check struct {
@@ -58,6 +60,7 @@ func main() {
 	machineConfig := flag.String("machine-config", "", "a machine config the nodes accept (controlplane.yaml; required)")
 	hostnames := flag.String("hostnames", "", "comma-separated node hostnames in endpoint order (required)")
 	workDir := flag.String("work-dir", os.TempDir(), "directory for the snapshot file")
+	controlSocket := flag.String("control-socket", "", "talos-sim's control socket (for the truncated-snapshot check)")
 	flag.Parse()
 
 	if *talosconfig == "" || *machineConfig == "" || *hostnames == "" {
@@ -73,6 +76,8 @@ func main() {
 		fmt.Printf("FAIL setup: %v\n", err)
 		os.Exit(1)
 	}
+
+	d.controlSocket = *controlSocket
 
 	fmt.Println("ok setup")
 
@@ -169,6 +174,7 @@ func (d *driver) checks() []check {
 		{"version-node", d.versionNode},
 		{"hostname-nodes", d.hostnameNodes},
 		{"version-nodes", d.versionNodes},
+		{"nodes-targets", d.nodesTargets},
 		{"etcd-member-list", d.etcdMemberList},
 		{"etcd-status", d.etcdStatus},
 		{"etcd-alarm-list", d.etcdAlarmList},
@@ -176,6 +182,7 @@ func (d *driver) checks() []check {
 		{"etcd-defragment", d.etcdDefragment},
 		{"etcd-snapshot", d.etcdSnapshot},
 		{"etcd-snapshot-chunks", d.etcdSnapshotChunks},
+		{"etcd-snapshot-truncated", d.etcdSnapshotTruncated},
 	}
 
 	if d.reader != nil {
@@ -185,6 +192,8 @@ func (d *driver) checks() []check {
 	return append(list,
 		check{"apply-dry-run", d.applyDryRun},
 		check{"apply-try", d.applyTry},
+		check{"apply-try-rollback-target", d.applyTryRollbackTarget},
+		check{"apply-try-cancelled", d.applyTryCancelled},
 		check{"etcd-forfeit-leadership", d.etcdForfeitLeadership},
 		check{"etcd-leave-cluster", d.etcdLeaveCluster},
 		check{"reset-power-off", d.resetPowerOff},

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmarks of talosctl-rs and the Go tooling, run by
+bench/run.sh (which builds everything and starts talos-sim first).
+
+Each figure is the median of interleaved runs (tool A, tool B, tool C, then
+again), measured per process with wait4(): wall time, CPU (user+sys) and
+peak RSS. Results are appended to bench/RESULTS.md with the machine, the
+versions and the exact commands."""
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+
+def measure(cmd, env=None):
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    stderr = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{stderr}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0
+
+
+def median_rows(samples):
+    return {
+        name: tuple(statistics.median(s[i] for s in runs) for i in range(3))
+        for name, runs in samples.items()
+    }
+
+
+def interleave(tools, runs, before=None):
+    samples = {name: [] for name, _ in tools}
+    for _ in range(runs):
+        for name, cmd in tools:
+            if before:
+                before(name)
+            samples[name].append(measure(cmd))
+    return median_rows(samples)
+
+
+def main():
+    cfg = json.load(open(sys.argv[1]))
+    work = cfg["work"]
+    rs, go, tc = cfg["talosctl_rs"], cfg["benchdriver"], cfg["talosconfig"]
+    node = cfg["node"]
+    lat_runs, runs = cfg["latency_runs"], cfg["snapshot_runs"]
+    lines = []
+    machine = (
+        f"{os.cpu_count()} cores, "
+        f"{round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30)} GiB, "
+        f"{platform.machine()}, Linux {platform.release()}"
+    )
+    lines.append(f"\n## Side by side ({time.strftime('%Y-%m-%d', time.gmtime())}, {machine})\n")
+    lines.append(
+        f"`bench/run.sh` ({cfg['versions']}). Medians of interleaved runs; "
+        "ratio = talosctl-rs / the Go tool.\n"
+    )
+
+    lines.append(f"\n### Command latency against a 3-node talos-sim ({lat_runs} runs each)\n")
+    lines.append("| command | talosctl-rs | Go client (benchdriver) | ratio | talosctl-rs peak RSS | Go peak RSS |")
+    lines.append("|---------|-------------|-------------------------|-------|----------------------|-------------|")
+    for what, rs_args, go_args in [
+        ("version", ["version"], ["version"]),
+        ("etcd members", ["etcd", "members"], ["members"]),
+    ]:
+        m = interleave(
+            [
+                ("rs", [rs, "--talosconfig", tc, "-n", node] + rs_args),
+                ("go", [go, "--talosconfig", tc, "--node", node] + go_args),
+            ],
+            lat_runs,
+        )
+        lines.append(
+            f"| `{what}` | {m['rs'][0]*1000:.1f} ms | {m['go'][0]*1000:.1f} ms | "
+            f"{m['rs'][0]/m['go'][0]:.2f} | {m['rs'][2]:.1f} MiB | {m['go'][2]:.1f} MiB |"
+        )
+
+    all_nodes = ",".join(cfg["all_nodes"])
+    m = interleave(
+        [
+            ("one", [rs, "--talosconfig", tc, "-n", node, "version"]),
+            ("all", [rs, "--talosconfig", tc, "-n", all_nodes, "version"]),
+        ],
+        lat_runs,
+    )
+    count = len(cfg["all_nodes"])
+    lines.append(f"\n### Fan-out: `version` to {count} simulated nodes against one ({lat_runs} runs each)\n")
+    lines.append("| target | wall | CPU (user+sys) | peak RSS |")
+    lines.append("|--------|------|----------------|----------|")
+    lines.append(f"| 1 node | {m['one'][0]*1000:.1f} ms | {m['one'][1]*1000:.0f} ms | {m['one'][2]:.1f} MiB |")
+    lines.append(f"| {count} nodes | {m['all'][0]*1000:.1f} ms | {m['all'][1]*1000:.0f} ms | {m['all'][2]:.1f} MiB |")
+    lines.append(
+        f"\nRatio {count} nodes / 1 node: wall {m['all'][0]/m['one'][0]:.2f}, "
+        f"peak RSS {m['all'][2]/m['one'][2]:.2f} (target: at most 1.5).\n"
+    )
+
+    snap = os.path.join(work, "snap.db")
+
+    def clean(_name):
+        for suffix in ("", ".json", ".part"):
+            try:
+                os.remove(snap + suffix)
+            except FileNotFoundError:
+                pass
+
+    env = dict(os.environ, ETCDCTL_API="3")
+    m = interleave(
+        [
+            ("talosctl-rs etcd snapshot (verified: sha256, bbolt, status)",
+             [rs, "--talosconfig", tc, "-n", node, "etcd", "snapshot", snap]),
+            ("Go client, as talosctl streams it (no checks, no status)",
+             [go, "--talosconfig", tc, "--node", node, "snapshot", snap]),
+            ("etcdctl snapshot save, straight from etcd (no TLS, no Talos API)",
+             ["env", "ETCDCTL_API=3", "etcdctl", "--endpoints", cfg["etcd_url"], "snapshot", "save", snap]),
+        ],
+        runs,
+        before=clean,
+    )
+    clean(None)
+    lines.append(f"\n### Snapshot of {cfg['snapshot_mib']} MiB through one simulated node ({runs} runs each)\n")
+    lines.append("| tool | wall | CPU (user+sys) | peak RSS |")
+    lines.append("|------|------|----------------|----------|")
+    for name, (wall, cpu, rss) in m.items():
+        lines.append(f"| {name} | {wall:.2f} s | {cpu:.2f} s | {rss:.1f} MiB |")
+    names = list(m)
+    rs_row, go_row, etcd_row = m[names[0]], m[names[1]], m[names[2]]
+    lines.append(
+        f"\nRatios, talosctl-rs to the Go client: wall {rs_row[0]/go_row[0]:.2f}, CPU {rs_row[1]/go_row[1]:.2f}, "
+        f"RSS {rs_row[2]/go_row[2]:.2f}; to etcdctl: wall {rs_row[0]/etcd_row[0]:.2f}, "
+        f"CPU {rs_row[1]/etcd_row[1]:.2f}, RSS {rs_row[2]/etcd_row[2]:.2f}.\n"
+    )
+    lines.append("Commands:\n")
+    lines.append("```")
+    lines.append(f"talosctl-rs --talosconfig TC -n {node} version | etcd members | etcd snapshot FILE")
+    lines.append(f"benchdriver --talosconfig TC --node {node} version | members | snapshot FILE")
+    lines.append("ETCDCTL_API=3 etcdctl --endpoints ETCD_URL snapshot save FILE")
+    lines.append("```")
+    text = "\n".join(lines) + "\n"
+    with open(cfg["results"], "a") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

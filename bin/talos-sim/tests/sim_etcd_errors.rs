@@ -1,0 +1,138 @@
+//! How the simulator's etcd calls fail, compared with Talos 1.13.9: which
+//! errors EtcdLeaveCluster retries and for how long, what it answers when
+//! etcd does not run, and which gRPC code each failure carries.
+
+use talos_test_support as common;
+
+use std::time::{Duration, Instant};
+
+use common::sim::{SimCluster, wait_for};
+use talos_client::Error;
+use talos_sim::TalosTiming;
+use tonic::Code;
+
+/// Upstream's schedule, made short enough for a test.
+fn short_timing() -> TalosTiming {
+    TalosTiming {
+        leave_retry_interval: Duration::from_millis(200),
+        leave_retry_limit: Duration::from_secs(2),
+        local_member_wait: Duration::from_secs(1),
+    }
+}
+
+/// The simulator keeps upstream's schedule unless told otherwise.
+#[test]
+fn upstream_timing_is_the_default() {
+    let cfg = talos_sim::SimConfig::isolated("/nonexistent", 1);
+    assert_eq!(cfg.timing, TalosTiming::UPSTREAM);
+    assert_eq!(
+        TalosTiming::UPSTREAM.leave_retry_interval,
+        Duration::from_secs(10)
+    );
+    assert_eq!(
+        TalosTiming::UPSTREAM.leave_retry_limit,
+        Duration::from_secs(300)
+    );
+    assert_eq!(
+        TalosTiming::scaled_down(100).leave_retry_limit,
+        Duration::from_secs(3)
+    );
+}
+
+/// internal/pkg/etcd/etcd.go LeaveCluster: "unhealthy cluster" (removing a
+/// voter while another is down) is retried until the limit, and the errors
+/// come back as go-retry's set, Unknown since none carries a status.
+#[tokio::test]
+async fn leave_retries_an_unhealthy_cluster_until_the_limit() {
+    let sim = SimCluster::start_with(3, |cfg| cfg.timing = short_timing()).await;
+    let admin = sim.admin();
+    let id = admin.node(sim.ip(1)).etcd_status().await.unwrap().member_id;
+    sim.cluster.power_off(&sim.ip(3)).await.unwrap();
+
+    let started = Instant::now();
+    let err = admin
+        .node(sim.ip(1))
+        .etcd_leave_cluster()
+        .await
+        .unwrap_err();
+    let Error::Status { code, failure } = err else {
+        panic!("expected Unknown, got {err:?}");
+    };
+    assert_eq!(code, Code::Unknown);
+    assert_eq!(
+        failure.message,
+        format!(
+            "failed to leave cluster: 2 error(s) occurred:\n\tfailed to remove member {}: etcdserver: unhealthy cluster\n\ttimeout",
+            id.0
+        )
+    );
+    assert!(
+        started.elapsed() >= short_timing().leave_retry_limit,
+        "retried for {:?} only",
+        started.elapsed()
+    );
+    // Nothing was removed: the member is still listed and etcd still runs.
+    let members = admin.node(sim.ip(2)).etcd_member_list(false).await.unwrap();
+    assert_eq!(members.len(), 3);
+    assert!(sim.cluster.node("cp-1").unwrap().etcd_running().await);
+}
+
+/// internal/pkg/etcd/local.go GetLocalMemberID: without a running etcd the
+/// call waits for the local member, then fails with the context's
+/// DeadlineExceeded; forfeit does the same (unwrapped).
+#[tokio::test]
+async fn leave_and_forfeit_without_etcd_wait_then_fail_with_deadline_exceeded() {
+    // Long enough a removal limit to outlast etcd's "unhealthy cluster"
+    // while its members have been connected for less than 5 s.
+    let timing = TalosTiming {
+        leave_retry_limit: Duration::from_secs(20),
+        ..short_timing()
+    };
+    let sim = SimCluster::start_with(3, |cfg| cfg.timing = timing).await;
+    let leaver = sim.admin().node(sim.ip(3));
+    leaver.etcd_leave_cluster().await.expect("first leave");
+
+    let started = Instant::now();
+    match leaver.etcd_leave_cluster().await {
+        Err(Error::DeadlineExceeded(f)) => assert_eq!(
+            f.message,
+            "failed to leave cluster: failed to get local etcd member ID: context deadline exceeded"
+        ),
+        other => panic!("expected DeadlineExceeded, got {other:?}"),
+    }
+    assert!(started.elapsed() >= short_timing().local_member_wait);
+    match leaver.etcd_forfeit_leadership().await {
+        Err(Error::DeadlineExceeded(f)) => assert_eq!(
+            f.message,
+            "failed to get local etcd member ID: context deadline exceeded"
+        ),
+        other => panic!("expected DeadlineExceeded, got {other:?}"),
+    }
+}
+
+/// v1alpha1_server.go EtcdMemberList returns the etcd client's error as is:
+/// "etcdserver: no leader" is an rpctypes.EtcdError there, which carries no
+/// status, so the client sees Unknown, not etcd's Unavailable.
+#[tokio::test]
+async fn member_list_without_a_leader_is_unknown_as_upstream() {
+    let sim = SimCluster::start(3).await;
+    let admin = sim.admin();
+    sim.cluster.power_off(&sim.ip(2)).await.unwrap();
+    sim.cluster.power_off(&sim.ip(3)).await.unwrap();
+    let node = admin.node(sim.ip(1));
+    wait_for(
+        "node 1 to lose its leader",
+        Duration::from_secs(30),
+        || async { (node.etcd_status().await.ok()?.leader.0 == 0).then_some(()) },
+    )
+    .await;
+    match node.etcd_member_list(false).await {
+        Err(Error::Status { code, failure }) => {
+            assert_eq!(
+                (code, failure.message.as_str()),
+                (Code::Unknown, "etcdserver: no leader")
+            )
+        }
+        other => panic!("expected Unknown, got {other:?}"),
+    }
+}

@@ -153,12 +153,27 @@ impl Journal {
                 source,
             })?;
         let path = state_dir.join("journal.sqlite");
+        // Another process may be creating the same journal, and SQLite
+        // answers "database is locked" to a switch into WAL mode at once,
+        // without its busy handler: the setup is serialised by an advisory
+        // lock on a file beside the journal, held only for the setup.
+        let setup_path = state_dir.join("journal.setup.lock");
+        let setup = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&setup_path)
+            .and_then(|file| file.lock().map(|()| file))
+            .map_err(|source| OpsError::Io {
+                path: setup_path,
+                source,
+            })?;
         let conn = Connection::open(&path).map_err(|e| OpsError::journal(&path, e))?;
-        conn.execute_batch(
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000;",
-        )
-        .and_then(|()| conn.execute_batch(SCHEMA))
-        .map_err(|e| OpsError::journal(&path, e))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .and_then(|()| conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"))
+            .and_then(|()| conn.execute_batch(SCHEMA))
+            .map_err(|e| OpsError::journal(&path, e))?;
+        drop(setup);
         Ok(Journal { conn, path })
     }
 
@@ -357,4 +372,37 @@ pub(crate) struct StepEnd<'a> {
     pub state: StepState,
     pub duration_ms: u64,
     pub detail: Option<&'a str>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Journal;
+
+    /// Processes that open a new journal at the same moment (an `ops list`
+    /// beside the operation that creates it) wait for each other instead of
+    /// failing with "database is locked".
+    #[test]
+    fn concurrent_first_opens_wait_for_each_other() {
+        for _ in 0..40 {
+            let dir = tempfile::tempdir().unwrap();
+            let barrier = std::sync::Barrier::new(6);
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (0..6)
+                    .map(|_| {
+                        s.spawn(|| {
+                            barrier.wait();
+                            Journal::open(dir.path())
+                                .and_then(|journal| journal.list(None))
+                                .map(|_| ())
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    if let Err(e) = h.join().unwrap() {
+                        panic!("{e}");
+                    }
+                }
+            });
+        }
+    }
 }

@@ -61,7 +61,8 @@ impl Catalogue {
             source,
         };
         let conn = Connection::open(&path).map_err(err)?;
-        conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA busy_timeout=5000;")
+        // The journal is already in WAL mode (Journal::open made it so).
+        conn.busy_timeout(std::time::Duration::from_secs(5))
             .and_then(|()| conn.execute_batch(SCHEMA))
             .map_err(err)?;
         Ok(Catalogue { conn, path })

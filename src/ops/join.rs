@@ -39,6 +39,39 @@ pub struct MaintenanceApply {
     pub cert_fingerprints: Vec<String>,
 }
 
+impl MaintenanceApply {
+    /// Reads the configuration at `path` for a maintenance-mode apply. The
+    /// node has no certificate from the cluster's CA there, so it is either
+    /// pinned by SPKI fingerprint or, with `insecure`, not verified at all;
+    /// neither is refused.
+    pub fn load(
+        path: &std::path::Path,
+        cert_fingerprints: Vec<String>,
+        insecure: bool,
+    ) -> Result<MaintenanceApply, OpsError> {
+        if cert_fingerprints.is_empty() && !insecure {
+            return Err(OpsError::Refused(format!(
+                "{} is applied in maintenance mode, where the node has no certificate from the cluster's CA: pin it with --cert-fingerprint FP (the node prints it) or pass --insecure to skip verification",
+                path.display()
+            )));
+        }
+        if !cert_fingerprints.is_empty() && insecure {
+            return Err(OpsError::Refused(
+                "--insecure and --cert-fingerprint exclude each other".into(),
+            ));
+        }
+        let config = std::fs::read(path).map_err(|source| OpsError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(MaintenanceApply {
+            config_path: std::path::absolute(path).unwrap_or_else(|_| path.to_owned()),
+            config,
+            cert_fingerprints,
+        })
+    }
+}
+
 fn maintenance_client(node: &str, pins: &[String]) -> Result<MaintenanceClient, crate::Error> {
     if pins.is_empty() {
         MaintenanceClient::dangerous_unverified(node)

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use talos_client::Client;
 use talos_client::ops::{
-    ApplyOptions, Event, JoinOptions, OpRecord, OpState, Ops, OpsError, Plan, RetireOptions,
-    SnapshotOptions, StepState, StopHandle,
+    ApplyOptions, Event, JoinOptions, MigrateOptions, OpRecord, OpState, Ops, OpsError, Plan,
+    RetireOptions, SnapshotOptions, StepState, StopHandle,
 };
 use tokio::sync::{oneshot, watch};
 
@@ -36,6 +36,8 @@ pub enum Request {
     Join(JoinOptions),
     /// Apply a configuration on trial, then confirm.
     Apply(ApplyOptions),
+    /// Join a new node, then retire an old one.
+    Migrate(MigrateOptions),
 }
 
 /// An operation running in this process.
@@ -198,6 +200,12 @@ impl Manager {
                 ops.plan_retire(&options).await
             }
             Request::Join(options) => ops.plan_join(&options).await,
+            Request::Migrate(mut options) => {
+                if options.snapshot_dir.as_os_str().is_empty() {
+                    options.snapshot_dir = self.snapshot_dir(cluster);
+                }
+                ops.plan_migrate(&options).await
+            }
             Request::Apply(options) => ops.plan_apply(&options).await,
         }
     }

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use talos_client::ops::{ApplyOptions, JoinOptions, OpRecord, OpsError, RetireOptions, StepState};
+use talos_client::ops::{
+    ApplyOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpRecord, OpsError, RetireOptions,
+    StepState,
+};
 use tonic::{Request, Response, Status};
 
 use crate::listen::TlsPeer;
@@ -91,6 +94,23 @@ fn secs(value: u32, default: u64) -> Duration {
     Duration::from_secs(if value == 0 { default } else { value.into() })
 }
 
+/// A maintenance-mode configuration, read on this host; refused as the CLI
+/// refuses it (neither pinned nor explicitly insecure, unreadable).
+fn maintenance(
+    config: Option<proto::MaintenanceConfig>,
+) -> Result<Option<MaintenanceApply>, Status> {
+    config
+        .map(|c| {
+            MaintenanceApply::load(
+                std::path::Path::new(&c.config_path),
+                c.cert_fingerprints,
+                c.insecure,
+            )
+            .map_err(|e| Status::invalid_argument(e.to_string()))
+        })
+        .transpose()
+}
+
 fn to_request(kind: Kind) -> Result<(manager::Request, String), Status> {
     Ok(match kind {
         Kind::Snapshot(p) => (
@@ -109,13 +129,32 @@ fn to_request(kind: Kind) -> Result<(manager::Request, String), Status> {
             }),
             format!("retire {}", p.node),
         ),
-        Kind::Join(p) => (
-            manager::Request::Join(JoinOptions {
-                node: p.node.clone(),
-                timeout: secs(p.timeout_s, 600),
-                maintenance: None,
+        Kind::Join(p) => {
+            let maintenance = maintenance(p.maintenance)?;
+            let what = match &maintenance {
+                Some(m) => format!("join {} with {}", p.node, m.config_path.display()),
+                None => format!("join {}", p.node),
+            };
+            (
+                manager::Request::Join(JoinOptions {
+                    node: p.node,
+                    timeout: secs(p.timeout_s, 600),
+                    maintenance,
+                }),
+                what,
+            )
+        }
+        Kind::Migrate(p) => (
+            manager::Request::Migrate(MigrateOptions {
+                maintenance: maintenance(p.maintenance)?,
+                join_timeout: secs(p.join_timeout_s, 600),
+                wipe: p.wipe,
+                snapshot_dir: Default::default(),
+                silence_timeout: secs(p.silence_timeout_s, 120),
+                from: p.from.clone(),
+                to: p.to.clone(),
             }),
-            format!("join {}", p.node),
+            format!("migrate from {} to {}", p.from, p.to),
         ),
         Kind::Apply(p) => {
             let config = std::fs::read(&p.config_path)

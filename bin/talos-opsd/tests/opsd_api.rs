@@ -189,6 +189,7 @@ async fn one_operation_per_cluster_and_clusters_in_parallel() {
             kind: Some(Kind::Join(proto::JoinParams {
                 node: "cp-9".into(),
                 timeout_s: 120,
+                maintenance: None,
             })),
         })
         .await

@@ -99,3 +99,79 @@ async fn the_cli_runs_operations_through_the_daemon() {
     assert_eq!(local["state"], "succeeded");
     assert_eq!(local["steps"], record["steps"]);
 }
+
+#[tokio::test]
+async fn a_migrate_through_the_daemon_joins_from_maintenance_mode_and_retires() {
+    let sim = SimCluster::start(3).await;
+    let new = sim.cluster.add_maintenance_node().await.unwrap();
+    let fingerprint = new.maintenance_fingerprint.clone().unwrap();
+    let tc = sim.dir.path().join("talosconfig");
+    talos_test_support::cli::run(&tc, &["config", "add-endpoint", &new.api])
+        .await
+        .ok();
+    let config = sim.dir.path().join("controlplane.yaml");
+    let config = config.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &cluster_toml("a", &tc, "")).await;
+
+    // Refused by the daemon as in-process: neither pinned nor --insecure.
+    let bare = ops(
+        &tc,
+        &d.socket,
+        &["--yes", "join", &new.api, "--config", config],
+    )
+    .await;
+    assert_eq!(bare.code, 1, "{}", bare.stderr);
+    assert!(
+        bare.stderr.contains("--cert-fingerprint"),
+        "{}",
+        bare.stderr
+    );
+
+    let old = sim.ip(1);
+    let run = ops(
+        &tc,
+        &d.socket,
+        &[
+            "--yes",
+            "migrate",
+            "--from",
+            &old,
+            "--to",
+            &new.api,
+            "--config",
+            config,
+            "--cert-fingerprint",
+            &fingerprint,
+        ],
+    )
+    .await
+    .ok();
+    let record = run.json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    assert_eq!(record["kind"], "migrate", "{record}");
+    let names: Vec<_> = record["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names[..2], ["apply-config", "wait-voter"], "{names:?}");
+    assert_eq!(names.last(), Some(&"wait-silent"), "{names:?}");
+    assert!(
+        d.log_text().contains("start migrate from"),
+        "{}",
+        d.log_text()
+    );
+
+    let members = sim
+        .admin()
+        .node(new.ip.to_string())
+        .etcd_member_list(false)
+        .await
+        .unwrap();
+    let mut hostnames: Vec<_> = members.iter().map(|m| m.hostname.clone()).collect();
+    hostnames.sort();
+    assert_eq!(hostnames, ["cp-2", "cp-3", "cp-4"]);
+    assert!(members.iter().all(|m| !m.is_learner), "{members:?}");
+}

@@ -59,27 +59,23 @@ pub struct MaintenanceArgs {
 }
 
 impl MaintenanceArgs {
-    /// Whether a configuration was given.
-    pub(super) fn is_given(&self) -> bool {
-        self.config.is_some()
+    fn load(self) -> anyhow::Result<Option<MaintenanceApply>> {
+        self.config
+            .map(|path| MaintenanceApply::load(&path, self.cert_fingerprint, self.insecure))
+            .transpose()
+            .map_err(Into::into)
     }
 
-    fn load(self) -> anyhow::Result<Option<MaintenanceApply>> {
-        let Some(path) = self.config else {
-            return Ok(None);
-        };
-        if self.cert_fingerprint.is_empty() && !self.insecure {
-            bail!(
-                "--config is applied in maintenance mode, where the node has no certificate from the cluster's CA: pass --cert-fingerprint FP (the node prints it) or --insecure to skip verification"
-            );
-        }
-        let config = std::fs::read(&path)
-            .with_context(|| format!("reading the configuration {}", path.display()))?;
-        Ok(Some(MaintenanceApply {
-            config_path: std::path::absolute(&path).unwrap_or(path),
-            config,
-            cert_fingerprints: self.cert_fingerprint,
-        }))
+    /// What talos-opsd needs to apply it: the file (absolute, read on the
+    /// daemon's host), the pins and whether verification is skipped.
+    pub(super) fn for_daemon(&self) -> Option<(PathBuf, Vec<String>, bool)> {
+        self.config.as_ref().map(|path| {
+            (
+                std::path::absolute(path).unwrap_or_else(|_| path.clone()),
+                self.cert_fingerprint.clone(),
+                self.insecure,
+            )
+        })
     }
 }
 

@@ -74,15 +74,11 @@ pub async fn dispatch(global: &Global, args: &OpsArgs) -> anyhow::Result<bool> {
             node,
             timeout,
             maintenance,
-        } => {
-            if maintenance.is_given() {
-                return local_only("join --config");
-            }
-            Kind::Join(proto::JoinParams {
-                node: node.clone(),
-                timeout_s: secs(*timeout),
-            })
-        }
+        } => Kind::Join(proto::JoinParams {
+            node: node.clone(),
+            timeout_s: secs(*timeout),
+            maintenance: maintenance_config(maintenance),
+        }),
         OpsCommand::Apply { check: Some(_), .. } => return local_only("apply --check"),
         OpsCommand::Apply {
             file,
@@ -108,7 +104,34 @@ pub async fn dispatch(global: &Global, args: &OpsArgs) -> anyhow::Result<bool> {
                 reboot_timeout_s: secs(*reboot_timeout),
             })
         }
-        OpsCommand::Migrate { .. } => return local_only("ops migrate"),
+        OpsCommand::Migrate {
+            snapshot_dir: Some(_),
+            ..
+        } => return local_only("--snapshot-dir"),
+        OpsCommand::Migrate {
+            from,
+            to,
+            maintenance,
+            join_timeout,
+            wipe,
+            timeout,
+            ..
+        } => {
+            if !args.yes {
+                eprintln!(
+                    "talos-opsd will join {to}, then retire {from} (snapshot, forfeit, leave, reset)"
+                );
+                confirm()?;
+            }
+            Kind::Migrate(proto::MigrateParams {
+                from: from.clone(),
+                to: to.clone(),
+                maintenance: maintenance_config(maintenance),
+                join_timeout_s: secs(*join_timeout),
+                wipe: wipe.clone(),
+                silence_timeout_s: secs(*timeout),
+            })
+        }
         OpsCommand::Resume { .. } | OpsCommand::Abandon { .. } => {
             return local_only(
                 "resume and abandon (the daemon resumes interrupted operations when it starts)",
@@ -202,6 +225,16 @@ async fn get(client: &mut OpsdClient<Channel>, id: &str) -> anyhow::Result<proto
 /// A daemon's refusal as the CLI reports refusals: its message.
 fn status(status: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{}", status.message())
+}
+
+fn maintenance_config(args: &super::ops::MaintenanceArgs) -> Option<proto::MaintenanceConfig> {
+    args.for_daemon().map(
+        |(path, cert_fingerprints, insecure)| proto::MaintenanceConfig {
+            config_path: path.display().to_string(),
+            cert_fingerprints,
+            insecure,
+        },
+    )
 }
 
 fn secs(d: Duration) -> u32 {

@@ -1,6 +1,8 @@
 //! What the operations read of a cluster: its members as each voter sees
 //! them, their statuses, and how to reach a member's node.
 
+use std::time::Duration;
+
 use crate::client::{EtcdMember, EtcdMemberStatus, MemberId};
 use crate::{Client, Error};
 
@@ -21,6 +23,10 @@ pub(crate) fn member_address(member: &EtcdMember) -> Option<String> {
     )
 }
 
+/// How long a preflight waits for one voter's own etcd status or member
+/// list.
+pub(crate) const VOTER_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The cluster as read by a preflight.
 pub(crate) struct ClusterView {
     /// The member list, as the first answering node sees it.
@@ -33,9 +39,13 @@ pub(crate) struct ClusterView {
 
 impl ClusterView {
     /// Reads the members through the endpoint, then every voter's status
-    /// and own member list.
+    /// and own member list. A voter's own etcd calls get
+    /// [`VOTER_CALL_TIMEOUT`]: on a node whose etcd service is down they do
+    /// not fail, they wait for etcd (upstream's local etcd client sends with
+    /// WaitForReady), and that voter is unhealthy for the preflight.
     pub async fn read(client: &Client) -> Result<ClusterView, Error> {
         let mut members = client.etcd_member_list(false).await?;
+        let client = &client.with_call_timeout(VOTER_CALL_TIMEOUT);
         members.sort_by_key(|m| m.id);
         let mut statuses = Vec::new();
         let mut disagreements = Vec::new();

@@ -66,7 +66,7 @@ async fn health_step(check: &str, nodes: &[Arc<Node>]) -> Result<(), String> {
     let mut lists = Vec::new();
     for node in nodes {
         let (client, url) = node
-            .local_etcd("health")
+            .local_etcd_now("health")
             .await
             .map_err(|s| format!("{}: {}", node.name, s.message()))?;
         if check == "etcd to be healthy" {

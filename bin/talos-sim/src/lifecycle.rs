@@ -14,7 +14,7 @@ use super::etcd_process::ClusterState;
 use super::front;
 use super::machined::Machined;
 use super::node::{Node, Power};
-use super::serve::tls_incoming;
+use super::serve::{serve_http2, tls_incoming};
 
 /// Serves the node's API on its address until its power goes off.
 pub(crate) async fn start_front(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), SimError> {
@@ -28,16 +28,8 @@ pub(crate) async fn start_front(shared: &Arc<Shared>, node: &Arc<Node>) -> Resul
     };
     let (machine_front, cluster_front) = front::services(machined);
     let incoming = tls_incoming(listener, node.api_tls(), token.clone());
-    tokio::spawn(async move {
-        let served = tonic::transport::Server::builder()
-            .add_service(machine_front)
-            .add_service(cluster_front)
-            .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
-            .await;
-        if let Err(e) = served {
-            tracing::warn!(error = %e, "node API stopped");
-        }
-    });
+    let routes = tonic::service::Routes::new(machine_front).add_service(cluster_front);
+    tokio::spawn(serve_http2(incoming, routes, token));
     node.set_power(Power::On);
     Ok(())
 }

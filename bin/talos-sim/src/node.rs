@@ -314,8 +314,9 @@ impl Node {
         self.start_etcd(initial, ClusterState::Existing).await
     }
 
-    /// Stops etcd (keeping its data).
-    pub(crate) async fn stop_etcd(&self) {
+    /// Stops etcd (keeping its data) while the node's API keeps answering,
+    /// as when the etcd service fails: the member stays in the cluster.
+    pub async fn stop_etcd(&self) {
         if let Some(process) = self.etcd.lock().await.take() {
             self.record("Stopping service", "Stopping");
             process.stop().await;
@@ -367,11 +368,27 @@ impl Node {
         }
     }
 
-    /// A client for the local etcd member, or the status apid would return
-    /// when it is not there: Unimplemented in maintenance mode (as
-    /// upstream's machinehelper.CheckControlplane), Unavailable when etcd is
-    /// not running.
+    /// A client for the local etcd member, as machined's handlers get one
+    /// from upstream's `etcd.NewLocalClient` (internal/pkg/etcd/etcd.go):
+    /// Unimplemented in maintenance mode or on a worker (as
+    /// machinehelper.CheckControlplane). While etcd is not running the call
+    /// waits for it, as the etcd client's RPCs do (they are sent with
+    /// grpc's WaitForReady): only etcd starting again, or the caller's
+    /// deadline or cancellation (which drops this future), ends the wait.
     pub(crate) async fn local_etcd(&self, api: &str) -> Result<(EtcdClient, String), Status> {
+        self.check_controlplane(api)?;
+        // grpc-go's reconnect backoff starts at 1 s; etcd is usually back
+        // sooner in the simulator, so it looks more often.
+        while !self.etcd_running().await {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        self.local_etcd_now(api).await
+    }
+
+    /// [`Node::local_etcd`] without the wait: Unavailable at once when etcd
+    /// does not run (for the simulator's own health checks, which report
+    /// instead of waiting).
+    pub(crate) async fn local_etcd_now(&self, api: &str) -> Result<(EtcdClient, String), Status> {
         self.check_controlplane(api)?;
         if !self.etcd_running().await {
             return Err(Status::unavailable(format!(

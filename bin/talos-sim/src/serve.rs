@@ -153,6 +153,79 @@ pub fn tls_incoming(
     ReceiverStream::new(rx)
 }
 
+/// Serves `routes` over HTTP/2 on every connection `incoming` yields, until
+/// `cancel` fires, with each request's [`PeerInfo`] in its extensions.
+///
+/// Not tonic's `transport::Server`: that one ends a call whose
+/// `grpc-timeout` passed with its own Cancelled "Timeout expired". A
+/// grpc-go server (Talos's apid and machined) lets the handler see its
+/// context end instead, so a call waiting on something (etcd's WaitForReady
+/// client) fails with DeadlineExceeded, or the client gives up first by its
+/// own deadline; here the client's deadline or cancellation drops the
+/// handler.
+pub(crate) async fn serve_http2(
+    mut incoming: ReceiverStream<std::io::Result<MtlsStream>>,
+    routes: tonic::service::Routes,
+    cancel: CancellationToken,
+) {
+    use tokio_stream::StreamExt as _;
+    let routes = routes.prepare();
+    let mut http2 =
+        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    http2.http2().timer(hyper_util::rt::TokioTimer::new());
+    let http2 = http2.http2_only();
+    loop {
+        let stream = tokio::select! {
+            next = incoming.next() => match next {
+                Some(Ok(stream)) => stream,
+                Some(Err(_)) => continue,
+                None => return,
+            },
+            () = cancel.cancelled() => return,
+        };
+        let service = WithPeer {
+            info: stream.connect_info(),
+            inner: routes.clone(),
+        };
+        let connection = http2.serve_connection(
+            hyper_util::rt::TokioIo::new(stream),
+            hyper_util::service::TowerToHyperService::new(service),
+        );
+        let connection = connection.into_owned();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended");
+            }
+        });
+    }
+}
+
+/// Puts the connection's [`PeerInfo`] into every request, as tonic's
+/// server does for a [`Connected`] stream.
+#[derive(Clone)]
+struct WithPeer<S> {
+    info: PeerInfo,
+    inner: S,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for WithPeer<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        request.extensions_mut().insert(self.info.clone());
+        self.inner.call(request)
+    }
+}
+
 /// The roles (Organization values) of the client certificate a request
 /// arrived with; empty when there is none.
 pub fn peer_roles<T>(request: &tonic::Request<T>) -> Vec<String> {

@@ -110,6 +110,32 @@ async fn leave_and_forfeit_without_etcd_wait_then_fail_with_deadline_exceeded() 
     }
 }
 
+/// v1alpha1_server.go's etcd handlers use `etcd.NewLocalClient`, whose
+/// calls are sent with WaitForReady: on a node whose etcd is stopped (its
+/// API up) they neither fail nor answer, and only the caller's deadline ends
+/// them. The simulator answered Unavailable at once before.
+#[tokio::test]
+async fn local_etcd_calls_wait_for_etcd_until_the_callers_deadline() {
+    let sim = SimCluster::start(3).await;
+    let leaver = sim.admin().node(sim.ip(3));
+    leaver.etcd_leave_cluster().await.expect("leave");
+    let deadline = Duration::from_secs(1);
+    let quick = sim.admin().with_call_timeout(deadline).node(sim.ip(3));
+    let started = Instant::now();
+    match quick.etcd_status().await {
+        Err(Error::DeadlineExceeded(_)) => {}
+        other => panic!("expected DeadlineExceeded, got {other:?}"),
+    }
+    assert!(started.elapsed() >= deadline);
+    match quick.etcd_member_list(true).await {
+        Err(Error::DeadlineExceeded(_)) => {}
+        other => panic!("expected DeadlineExceeded, got {other:?}"),
+    }
+    // The cluster-wide member list does not need the local etcd.
+    let members = quick.etcd_member_list(false).await.expect("member list");
+    assert_eq!(members.len(), 2);
+}
+
 /// v1alpha1_server.go EtcdMemberList returns the etcd client's error as is:
 /// "etcdserver: no leader" is an rpctypes.EtcdError there, which carries no
 /// status, so the client sees Unknown, not etcd's Unavailable.

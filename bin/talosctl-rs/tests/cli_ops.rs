@@ -157,6 +157,24 @@ async fn refusals_change_nothing() {
     );
 }
 
+/// A voter whose etcd service is down still answers on its API, but its
+/// etcd calls wait for etcd (as on Talos): the preflight gives up on it
+/// after its per-voter deadline and refuses, naming it.
+#[tokio::test]
+async fn a_voter_whose_etcd_is_down_is_unhealthy_for_the_preflight() {
+    let f = Fixture::start(3).await;
+    let before = f.members().await;
+    f.sim.cluster.node("cp-3").unwrap().stop_etcd().await;
+    let run = f.ops(&["--yes", "retire", "cp-2"]).await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("remaining voters are unhealthy") && run.stderr.contains("cp-3"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(f.members().await, before);
+}
+
 #[tokio::test]
 async fn the_last_voter_is_not_retired() {
     let f = Fixture::start(1).await;

@@ -7,7 +7,10 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 
-#[tokio::main]
+// One thread: a command is one conversation with the API, and a second
+// worker only adds start-up time and hand-offs between threads. Blocking
+// work (a snapshot's writes and checks) runs on tokio's blocking pool.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -406,3 +406,24 @@ async fn completion_man_and_usage_errors() {
     );
     assert!(lines[1].starts_with("hint: "), "{}", no_config.stderr);
 }
+
+/// `talosctl-rs ... | head`: once the reader is gone, the process ends by
+/// SIGPIPE, as talosctl does, with no panic on stderr.
+#[test]
+fn a_closed_stdout_ends_the_process_by_sigpipe() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let home = tempfile::tempdir().unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let output = std::process::Command::new(common::cli::binary())
+        .args(["version", "--client"])
+        .env_remove("TALOSCONFIG")
+        .env("HOME", home.path())
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

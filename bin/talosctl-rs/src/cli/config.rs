@@ -231,15 +231,16 @@ fn info(global: &Global) -> anyhow::Result<()> {
             v.join(", ")
         }
     };
-    println!("Current context:     {}", info.context);
-    println!("Nodes:               {}", or_undefined(&info.nodes));
-    println!("Endpoints:           {}", or_undefined(&info.endpoints));
+    outln!("Current context:     {}", info.context);
+    outln!("Nodes:               {}", or_undefined(&info.nodes));
+    outln!("Endpoints:           {}", or_undefined(&info.endpoints));
     if !info.roles.is_empty() {
-        println!("Roles:               {}", info.roles.join(", "));
+        outln!("Roles:               {}", info.roles.join(", "));
     }
-    println!(
+    outln!(
         "Certificate expires: {} ({})",
-        info.cert_ttl, info.cert_not_after
+        info.cert_ttl,
+        info.cert_not_after
     );
     for warning in &info.warnings {
         eprintln!("WARNING: {warning}");
@@ -288,7 +289,7 @@ fn contexts(global: &Global) -> anyhow::Result<()> {
             nodes,
         ]);
     }
-    print!("{}", table.render());
+    out!("{}", table.render());
     Ok(())
 }
 

@@ -50,7 +50,7 @@ pub async fn run(global: &Global, args: HealthArgs) -> anyhow::Result<()> {
         match item {
             Ok(line) => {
                 if global.output == Output::Table {
-                    println!("{line}");
+                    outln!("{line}");
                 }
                 lines.push(line);
             }

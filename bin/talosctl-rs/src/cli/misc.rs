@@ -43,13 +43,13 @@ const CLIENT: ClientVersion = ClientVersion {
 pub async fn version(global: &Global, args: VersionArgs) -> anyhow::Result<()> {
     let output = global.output;
     if output == Output::Table {
-        println!("Client:");
+        outln!("Client:");
         if args.short {
-            println!("\t{} v{}", CLIENT.name, CLIENT.tag);
+            outln!("\t{} v{}", CLIENT.name, CLIENT.tag);
         } else {
-            println!("\tTag:         v{}", CLIENT.tag);
-            println!("\tName:        {}", CLIENT.name);
-            println!(
+            outln!("\tTag:         v{}", CLIENT.tag);
+            outln!("\tName:        {}", CLIENT.name);
+            outln!(
                 "\tOS/Arch:     {}/{}",
                 std::env::consts::OS,
                 std::env::consts::ARCH
@@ -64,29 +64,33 @@ pub async fn version(global: &Global, args: VersionArgs) -> anyhow::Result<()> {
     }
     let replies = global.connect_many()?.version().await?;
     if output == Output::Table {
-        println!("Server:");
+        outln!("Server:");
     }
     print_nodes(output, replies, |rows| {
+        let mut text = String::new();
         for (node, v) in rows {
-            print_server(node, v, args.short);
+            server_lines(&mut text, node, v, args.short);
         }
+        out!("{text}");
         Ok(())
     })
 }
 
-fn print_server(node: &str, v: &VersionInfo, short: bool) {
-    println!("\tNODE:        {node}");
+/// One node's part of `version`, as talosctl prints it.
+fn server_lines(text: &mut String, node: &str, v: &VersionInfo, short: bool) {
+    use std::fmt::Write as _;
+    // Writing to a String cannot fail.
+    let _ = writeln!(text, "\tNODE:        {node}");
+    let _ = writeln!(text, "\tTag:         {}", v.tag);
     if short {
-        println!("\tTag:         {}", v.tag);
         return;
     }
-    println!("\tTag:         {}", v.tag);
-    println!("\tSHA:         {}", v.sha);
-    println!("\tBuilt:       {}", v.built);
-    println!("\tGo version:  {}", v.go_version);
-    println!("\tOS/Arch:     {}/{}", v.os, v.arch);
+    let _ = writeln!(text, "\tSHA:         {}", v.sha);
+    let _ = writeln!(text, "\tBuilt:       {}", v.built);
+    let _ = writeln!(text, "\tGo version:  {}", v.go_version);
+    let _ = writeln!(text, "\tOS/Arch:     {}/{}", v.os, v.arch);
     if v.rbac {
-        println!("\tEnabled:     RBAC");
+        let _ = writeln!(text, "\tEnabled:     RBAC");
     }
 }
 

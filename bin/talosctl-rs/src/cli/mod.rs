@@ -1,6 +1,24 @@
 //! talosctl-rs: the command groups, global flags, output formats and error
 //! reporting shared by all commands.
 
+/// `println!` for command output: one write, and a closed stdout ends the
+/// process as it ends talosctl (see [`emit`]).
+macro_rules! outln {
+    () => {
+        $crate::cli::emit("\n")
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::emit(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for command output (see [`emit`]).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::emit(&format!($($arg)*))
+    };
+}
+
 pub mod apply;
 pub mod config;
 pub mod etcd;
@@ -227,8 +245,8 @@ impl ErrorOutput {
 /// Prints a document in JSON or YAML.
 pub fn print_structured<T: Serialize>(output: Output, value: &T) -> anyhow::Result<()> {
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
-        Output::Yaml => print!("{}", serde_norway::to_string(value)?),
+        Output::Json => outln!("{}", serde_json::to_string_pretty(value)?),
+        Output::Yaml => out!("{}", serde_norway::to_string(value)?),
         Output::Table => unreachable!("tables are printed by each command"),
     }
     Ok(())
@@ -363,4 +381,29 @@ fn config_hint(e: &ConfigError) -> Option<String> {
 /// Reads a file named on the command line, naming the flag at fault.
 pub fn read_input(flag: &str, path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("{flag} {}: cannot read", path.display()))
+}
+
+/// Writes `text` to stdout in one write. When stdout is a pipe whose reader
+/// has gone (`talosctl-rs ... | head`), the process ends by SIGPIPE, as a Go
+/// program such as talosctl does, instead of panicking; any other failure is
+/// reported and ends it with status 1.
+pub fn emit(text: &str) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let Err(e) = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    else {
+        return;
+    };
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        // SAFETY: restoring a signal's default action and raising it in this
+        // thread; no handler runs, the default action ends the process.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::raise(libc::SIGPIPE);
+        }
+    }
+    eprintln!("error: writing to stdout: {e}");
+    std::process::exit(1);
 }

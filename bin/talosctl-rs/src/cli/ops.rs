@@ -393,16 +393,19 @@ pub(super) fn report(global: &Global, record: &OpRecord) -> anyhow::Result<()> {
     if global.output != Output::Table {
         return print_structured(global.output, record);
     }
-    println!(
+    outln!(
         "operation {} ({}) {:?} on context {:?}",
-        record.id, record.kind, record.state, record.context
+        record.id,
+        record.kind,
+        record.state,
+        record.context
     );
     for step in &record.steps {
         let took = step
             .duration_ms
             .map(|d| format!(" in {d} ms"))
             .unwrap_or_default();
-        println!(
+        outln!(
             "  {}. {:<12} {:?}{took}{}",
             step.index + 1,
             step.name,
@@ -418,10 +421,10 @@ pub(super) fn report(global: &Global, record: &OpRecord) -> anyhow::Result<()> {
         .get("leave_to_reset_gap_ms")
         .and_then(|g| g.as_f64())
     {
-        println!("leave_to_reset_gap_ms: {gap:.1}");
+        outln!("leave_to_reset_gap_ms: {gap:.1}");
     }
     if let Some(step) = record.in_flight() {
-        println!(
+        outln!(
             "in flight: {} (started {})",
             step.name,
             step.started.as_deref().unwrap_or("?")
@@ -449,6 +452,6 @@ pub(super) fn list(global: &Global, records: Vec<OpRecord>) -> anyhow::Result<()
             at,
         ]);
     }
-    print!("{}", table.render());
+    out!("{}", table.render());
     Ok(())
 }

@@ -24,9 +24,9 @@ pub fn run(global: &Global, command: SnapshotCommand) -> anyhow::Result<()> {
         SnapshotCommand::Verify { path } => {
             let report = snapshot::verify_file(&path)?;
             if global.output == Output::Table {
-                println!("{}: OK", path.display());
+                outln!("{}: OK", path.display());
                 print_info(&report);
-                println!("{}", verified_line(&report));
+                outln!("{}", verified_line(&report));
                 Ok(())
             } else {
                 print_structured(global.output, &report)
@@ -39,7 +39,7 @@ pub fn run(global: &Global, command: SnapshotCommand) -> anyhow::Result<()> {
 /// numbers: total keys as etcd 3.6's `etcdutl` counts them (live keys), not
 /// etcd 3.4's every-entry count, which only the JSON output carries.
 fn print_info(report: &SnapshotReport) {
-    println!(
+    outln!(
         "snapshot info: hash {:08x}, revision {}, total keys {}, total size {}",
         report.status.hash,
         report.status.revision,
@@ -88,13 +88,13 @@ pub async fn save(global: &Global, path: &Path) -> anyhow::Result<()> {
     let saved = saved?;
     let report = &saved.report;
     if global.output == Output::Table {
-        println!(
+        outln!(
             "etcd snapshot saved to {:?} ({} bytes)",
             saved.path.display().to_string(),
             report.size
         );
         print_info(report);
-        println!(
+        outln!(
             "{}; facts in {}",
             verified_line(report),
             saved.sidecar.display()

@@ -50,7 +50,7 @@ impl Table {
     /// Prints the table unless it has only its header.
     pub fn print(&self) {
         if self.rows.len() > 1 {
-            print!("{}", self.render());
+            out!("{}", self.render());
         }
     }
 }

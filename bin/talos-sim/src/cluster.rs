@@ -58,6 +58,9 @@ pub(crate) struct Shared {
     nodes: RwLock<Vec<Arc<Node>>>,
     /// The identity apids use to forward calls to each other.
     proxy_identity: Credentials,
+    /// How a peer sees a call this simulator's apids forward to it without
+    /// the network hop: the proxy identity's certificate and roles.
+    pub(crate) proxy_peer: crate::serve::PeerInfo,
     backends: tokio::sync::Mutex<HashMap<String, Channel>>,
     machine_config: String,
     worker_config: String,
@@ -155,6 +158,7 @@ impl Cluster {
             proxy.cert_pem.as_bytes(),
             proxy.key_pem.as_bytes(),
         );
+        let proxy_peer = crate::serve::PeerInfo::of_certificate_pem(&proxy.cert_pem)?;
         let machine_config = default_machine_config(&cfg, &ca);
         write_private(
             &cfg.dir.join("controlplane.yaml"),
@@ -167,6 +171,7 @@ impl Cluster {
             ca,
             nodes: RwLock::new(Vec::new()),
             proxy_identity,
+            proxy_peer,
             backends: tokio::sync::Mutex::new(HashMap::new()),
             machine_config,
             worker_config,

@@ -27,6 +27,7 @@ pub(crate) async fn start_front(shared: &Arc<Shared>, node: &Arc<Node>) -> Resul
         shared: shared.clone(),
     };
     let (machine_front, cluster_front) = front::services(machined);
+    node.set_front_in_cluster(node.is_configured());
     let incoming = tls_incoming(listener, node.api_tls(), token.clone());
     let routes = tonic::service::Routes::new(machine_front).add_service(cluster_front);
     tokio::spawn(serve_http2(incoming, routes, token));

@@ -95,6 +95,8 @@ pub struct Node {
     pub(crate) apply_lock: tokio::sync::Mutex<()>,
     power: Mutex<Power>,
     front: Mutex<Option<CancellationToken>>,
+    /// Whether the API being served presents the cluster's certificate.
+    front_in_cluster: std::sync::atomic::AtomicBool,
     events: Mutex<Vec<ServiceEvent>>,
     pub(crate) reset_lock: tokio::sync::Mutex<()>,
     /// A read fault armed for the next snapshot: bytes sent before it.
@@ -145,6 +147,7 @@ impl Node {
             apply_lock: tokio::sync::Mutex::new(()),
             power: Mutex::new(Power::Off),
             front: Mutex::new(None),
+            front_in_cluster: std::sync::atomic::AtomicBool::new(false),
             events: Mutex::new(Vec::new()),
             reset_lock: tokio::sync::Mutex::new(()),
             snapshot_fault: Mutex::new(None),
@@ -248,6 +251,32 @@ impl Node {
 
     pub(crate) fn set_power(&self, power: Power) {
         *self.power.lock().expect("power lock") = power;
+    }
+
+    /// The token of the API being served, while it is up and presents the
+    /// cluster's server certificate (a node that booted into maintenance
+    /// mode presents its own, which a peer apid does not trust); it fires
+    /// when the API goes down.
+    pub(crate) fn cluster_front(&self) -> Option<CancellationToken> {
+        if !self
+            .front_in_cluster
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return None;
+        }
+        self.front
+            .lock()
+            .expect("front lock")
+            .as_ref()
+            .filter(|token| !token.is_cancelled())
+            .cloned()
+    }
+
+    /// Records whether the API being started presents the cluster's server
+    /// certificate.
+    pub(crate) fn set_front_in_cluster(&self, in_cluster: bool) {
+        self.front_in_cluster
+            .store(in_cluster, std::sync::atomic::Ordering::Release);
     }
 
     pub(crate) fn set_front(&self, token: Option<CancellationToken>) {

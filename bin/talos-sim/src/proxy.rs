@@ -30,9 +30,10 @@ pub(crate) enum MethodKind {
 /// The streaming kind of the calls this simulator serves.
 pub(crate) fn method_kind(path: &str) -> MethodKind {
     match path {
-        "/machine.MachineService/EtcdSnapshot" | "/cluster.ClusterService/HealthCheck" => {
-            MethodKind::ServerStreaming
-        }
+        "/machine.MachineService/EtcdSnapshot"
+        | "/machine.MachineService/Read"
+        | "/machine.MachineService/Kubeconfig"
+        | "/cluster.ClusterService/HealthCheck" => MethodKind::ServerStreaming,
         "/machine.MachineService/EtcdRecover" => MethodKind::ClientStreaming,
         _ => MethodKind::Unary,
     }

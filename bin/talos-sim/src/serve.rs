@@ -44,6 +44,25 @@ pub struct PeerInfo {
     pub remote_addr: Option<SocketAddr>,
     /// The client's certificate chain, leaf first.
     pub certificates: Arc<Vec<CertificateDer<'static>>>,
+    /// The roles (Organization values) of the leaf, read once per
+    /// connection rather than once per call.
+    pub roles: Arc<Vec<String>>,
+}
+
+impl PeerInfo {
+    /// A peer presenting the certificate in `pem` from no address.
+    pub(crate) fn of_certificate_pem(pem: &str) -> Result<PeerInfo, crate::SimError> {
+        use rustls_pki_types::pem::PemObject as _;
+        let leaf = CertificateDer::from_pem_slice(pem.as_bytes())
+            .map_err(|e| crate::SimError::Refused(format!("proxy certificate: {e}")))?;
+        let roles = roles_of(&leaf)
+            .map_err(|e| crate::SimError::Refused(format!("proxy certificate: {e}")))?;
+        Ok(PeerInfo {
+            remote_addr: None,
+            certificates: Arc::new(vec![leaf]),
+            roles: Arc::new(roles),
+        })
+    }
 }
 
 impl Connected for MtlsStream {
@@ -51,14 +70,18 @@ impl Connected for MtlsStream {
 
     fn connect_info(&self) -> PeerInfo {
         let (tcp, session) = self.inner.get_ref();
+        let certificates: Vec<CertificateDer<'static>> = session
+            .peer_certificates()
+            .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
+            .unwrap_or_default();
+        let roles = certificates
+            .first()
+            .and_then(|leaf| roles_of(leaf).ok())
+            .unwrap_or_default();
         PeerInfo {
             remote_addr: tcp.peer_addr().ok(),
-            certificates: Arc::new(
-                session
-                    .peer_certificates()
-                    .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
-                    .unwrap_or_default(),
-            ),
+            certificates: Arc::new(certificates),
+            roles: Arc::new(roles),
         }
     }
 }
@@ -237,10 +260,6 @@ pub fn peer_roles<T>(request: &tonic::Request<T>) -> Vec<String> {
 pub fn certificate_roles(extensions: &http::Extensions) -> Vec<String> {
     extensions
         .get::<PeerInfo>()
-        .and_then(|peer| {
-            peer.certificates
-                .first()
-                .and_then(|leaf| roles_of(leaf).ok())
-        })
+        .map(|peer| peer.roles.as_ref().clone())
         .unwrap_or_default()
 }

@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
 
+use super::data_stream::{DataStream, Item};
 use super::reply::metadata_error;
 use super::{Client, Error, Idempotency, One, Result, Scope, machine_stub};
 use crate::api::{common, machine};
@@ -299,32 +300,59 @@ impl Client<One> {
     ///
     /// For a verified snapshot on disk use [`crate::snapshot::save`].
     pub async fn etcd_snapshot(&self) -> Result<ByteStream> {
-        let (_, transport, node) = self.transport(&self.target, None).await?;
-        let response = machine_stub(transport)
-            .etcd_snapshot(machine::EtcdSnapshotRequest {})
-            .await
-            .map_err(|s| Error::from_status(&s, Some(&node)))?;
-        Ok(ByteStream {
-            inner: response.into_inner(),
-            node,
-        })
+        self.data_stream(
+            "/machine.MachineService/EtcdSnapshot",
+            &machine::EtcdSnapshotRequest {},
+        )
+        .await
     }
 
     /// Streams a file from the node (MachineService `Read`, admin only),
     /// e.g. `/system/state/config.yaml`, its persisted machine
     /// configuration. A missing file fails with [`Error::NotFound`].
     pub async fn read(&self, path: &str) -> Result<ByteStream> {
-        let (_, transport, node) = self.transport(&self.target, None).await?;
-        let response = machine_stub(transport)
-            .read(machine::ReadRequest {
+        self.data_stream(
+            "/machine.MachineService/Read",
+            &machine::ReadRequest {
                 path: path.to_string(),
-            })
+            },
+        )
+        .await
+    }
+
+    /// Starts a server-streaming call whose answers are `common.Data`, read
+    /// by [`DataStream`] rather than the generated stub.
+    async fn data_stream(
+        &self,
+        path: &'static str,
+        request: &impl prost::Message,
+    ) -> Result<ByteStream> {
+        use tower::ServiceExt as _;
+        let (_, transport, node) = self.transport(&self.target, None).await?;
+        let message = request.encode_to_vec();
+        let mut framed = Vec::with_capacity(5 + message.len());
+        framed.push(0);
+        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&message);
+        // The request tonic's generated client would send.
+        let request = http::Request::builder()
+            .method(http::Method::POST)
+            .version(http::Version::HTTP_2)
+            .uri(path)
+            .header(http::header::TE, "trailers")
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .body(tonic::body::Body::new(http_body_util::Full::new(
+                Bytes::from(framed),
+            )))
+            .map_err(|e| {
+                Error::from_status(&tonic::Status::internal(e.to_string()), Some(&node))
+            })?;
+        let response = transport
+            .oneshot(request)
             .await
-            .map_err(|s| Error::from_status(&s, Some(&node)))?;
-        Ok(ByteStream {
-            inner: response.into_inner(),
-            node,
-        })
+            .map_err(|e| Error::from_status(&tonic::Status::from_error(e.into()), Some(&node)))?;
+        let inner = DataStream::new(response).map_err(|s| Error::from_status(&s, Some(&node)))?;
+        Ok(ByteStream { inner, node })
     }
 
     /// Uploads a snapshot for a later [`bootstrap`](Client::bootstrap) with
@@ -347,10 +375,12 @@ impl Client<One> {
     }
 }
 
-/// A byte stream from the API (an etcd snapshot). Yields chunks in order; a
-/// node-side failure arrives as an error item.
+/// A byte stream from the API (an etcd snapshot, a file). Yields the
+/// payloads in order, in batches of about 256 KiB of what has arrived (not
+/// the server's message boundaries); a node-side failure arrives as an error
+/// item, and ends the stream.
 pub struct ByteStream {
-    inner: tonic::Streaming<common::Data>,
+    inner: DataStream,
     node: String,
 }
 
@@ -371,18 +401,14 @@ impl Stream for ByteStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        match this.inner.poll_next_unpin(cx) {
-            Poll::Ready(Some(Ok(data))) => {
-                Poll::Ready(Some(match metadata_error(data.metadata.as_ref()) {
-                    Some(error) => Err(error.with_node(&this.node)),
-                    None => Ok(data.bytes),
-                }))
-            }
-            Poll::Ready(Some(Err(status))) => {
-                Poll::Ready(Some(Err(Error::from_status(&status, Some(&this.node)))))
-            }
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
+        this.inner.poll_item(cx).map(|item| {
+            item.map(|item| match item {
+                Ok(Item::Bytes(bytes)) => Ok(bytes),
+                Ok(Item::Failed(metadata)) => Err(metadata_error(Some(&metadata))
+                    .expect("a failed message carries an error")
+                    .with_node(&this.node)),
+                Err(status) => Err(Error::from_status(&status, Some(&this.node))),
+            })
+        })
     }
 }

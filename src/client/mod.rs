@@ -22,6 +22,7 @@
 //! ...) are never retried.
 
 mod changes;
+mod data_stream;
 mod error;
 mod etcd;
 mod kubeconfig;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -21,7 +21,9 @@ use super::{
 };
 
 /// Size of each write buffer; two are in use (one filling, one writing).
-const BUFFER_SIZE: usize = 1 << 20;
+/// The smallest write the writer thread gets (but the last): few hand-offs
+/// between threads, few system calls.
+const BATCH_MIN: usize = 64 * 1024;
 
 /// A snapshot [`save`] kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,19 +143,17 @@ where
     .await?;
     let mut guard = PartGuard(Some(part.clone()));
 
-    // The writer thread takes full buffers and gives them back empty.
-    let (full_tx, mut full_rx) = mpsc::channel::<Vec<u8>>(1);
-    let (empty_tx, mut empty_rx) = mpsc::channel::<Vec<u8>>(2);
+    // The writer thread takes batches of at least `BATCH_MIN` bytes: the
+    // stream's own when they are that large (no copy), small chunks
+    // gathered into one otherwise. Two in flight at most: memory stays flat.
+    let (full_tx, mut full_rx) = mpsc::channel::<Bytes>(1);
     let abort = Arc::new(AtomicBool::new(false));
-    let _ = empty_tx.try_send(Vec::with_capacity(BUFFER_SIZE));
     let writer = tokio::task::spawn_blocking({
         let abort = abort.clone();
         move || -> io::Result<Sink> {
             let mut sink = Sink::new(file);
-            while let Some(mut buf) = full_rx.blocking_recv() {
-                sink.write(&buf)?;
-                buf.clear();
-                let _ = empty_tx.blocking_send(buf);
+            while let Some(batch) = full_rx.blocking_recv() {
+                sink.write(&batch)?;
             }
             if !abort.load(Ordering::Relaxed) {
                 sink.file.sync_all()?;
@@ -162,10 +162,10 @@ where
         }
     });
 
-    let mut buf = Vec::with_capacity(BUFFER_SIZE);
+    let mut gathered = BytesMut::new();
     let mut received = 0u64;
     let mut transfer_error = None;
-    'stream: while let Some(item) = chunks.next().await {
+    while let Some(item) = chunks.next().await {
         let chunk = match item {
             Ok(chunk) => chunk,
             Err(e) => {
@@ -174,33 +174,29 @@ where
             }
         };
         received += chunk.len() as u64;
-        let mut data = &chunk[..];
-        while !data.is_empty() {
-            let n = data.len().min(BUFFER_SIZE - buf.len());
-            buf.extend_from_slice(&data[..n]);
-            data = &data[n..];
-            if buf.len() == BUFFER_SIZE {
-                // A closed channel means the writer failed: its error is
-                // collected below.
-                if full_tx.send(buf).await.is_err() {
-                    buf = Vec::new();
-                    break 'stream;
-                }
-                match empty_rx.recv().await {
-                    Some(empty) => buf = empty,
-                    None => {
-                        buf = Vec::new();
-                        break 'stream;
-                    }
-                }
+        let batch = if gathered.is_empty() && chunk.len() >= BATCH_MIN {
+            chunk
+        } else {
+            gathered.extend_from_slice(&chunk);
+            if gathered.len() < BATCH_MIN {
+                progress(received);
+                continue;
             }
+            gathered.split().freeze()
+        };
+        // A closed channel means the writer failed: its error is collected
+        // below.
+        if full_tx.send(batch).await.is_err() {
+            gathered.clear();
+            break;
         }
         progress(received);
     }
+    let buf = gathered;
     if transfer_error.is_some() {
         abort.store(true, Ordering::Relaxed);
     } else if !buf.is_empty() {
-        let _ = full_tx.send(buf).await;
+        let _ = full_tx.send(buf.freeze()).await;
     }
     drop(full_tx);
     let written = writer.await.map_err(|e| SnapshotError::Io {

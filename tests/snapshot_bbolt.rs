@@ -143,6 +143,8 @@ struct Spec {
     alpha_keys: [&'static [u8]; 2],
     second_leaf_keys: [&'static [u8]; 2],
     freelist_page: u64,
+    /// A plain value `zeta` in the root bucket, after the buckets.
+    root_value: bool,
 }
 
 impl Default for Spec {
@@ -154,6 +156,7 @@ impl Default for Spec {
             alpha_keys: [b"a1", b"b1"],
             second_leaf_keys: [b"b1", b"b2"],
             freelist_page: 2,
+            root_value: false,
         }
     }
 }
@@ -168,14 +171,17 @@ fn build(spec: &Spec) -> Vec<u8> {
         meta(0, 3, spec.freelist_page, 12, 10),
         meta(1, 3, spec.freelist_page, 12, 9),
         freelist(2, &spec.free, spec.big_count),
-        leaf(
-            3,
-            &[
-                (true, b"alpha", bucket_value(4, None)),
+        leaf(3, &{
+            let mut root = vec![
+                (true, &b"alpha"[..], bucket_value(4, None)),
                 (true, b"beta", bucket_value(0, Some(beta))),
                 (true, b"gamma", bucket_value(8, None)),
-            ],
-        ),
+            ];
+            if spec.root_value {
+                root.push((false, b"zeta", b"z".to_vec()));
+            }
+            root
+        }),
         branch(
             4,
             &[
@@ -321,6 +327,38 @@ fn reference_database_reads_and_checks() {
     assert_eq!(status.total_keys, 0, "no bucket `key`, no live keys");
     assert_eq!(status.total_size, 12 * PAGE as u64);
     assert_eq!(status.revision, 0, "no bucket `key`");
+
+    // A saved or verified snapshot gets its status from the consistency
+    // check's own pass over the file: the same status.
+    use sha2::Digest as _;
+    let mut snapshot = bytes.clone();
+    snapshot.extend_from_slice(&sha2::Sha256::digest(&bytes));
+    let dir = tempfile::tempdir().unwrap();
+    let report = talos_client::snapshot::verify_file(&save(dir.path(), &snapshot)).unwrap();
+    assert_eq!(report.status, status);
+}
+
+/// A top-level entry that is not a bucket: the check passes (bbolt's does
+/// too) but etcd's status cannot be computed, whether walked on its own or
+/// in the check's pass.
+#[test]
+fn a_value_in_the_root_fails_the_status_both_ways() {
+    let bytes = build(&Spec {
+        root_value: true,
+        ..Spec::default()
+    });
+    let db = open(&bytes).unwrap();
+    db.check().unwrap();
+    let alone = status::status(&db).unwrap_err().to_string();
+    use sha2::Digest as _;
+    let mut snapshot = bytes.clone();
+    snapshot.extend_from_slice(&sha2::Sha256::digest(&bytes));
+    let dir = tempfile::tempdir().unwrap();
+    let verified = talos_client::snapshot::verify_file(&save(dir.path(), &snapshot))
+        .unwrap_err()
+        .to_string();
+    assert!(alone.contains("bucket entry in the root"), "{alone}");
+    assert!(verified.contains("bucket entry in the root"), "{verified}");
 }
 
 #[test]

@@ -39,6 +39,7 @@ mod error;
 mod page;
 
 pub use check::CheckSummary;
+pub(crate) use check::Visit;
 pub use error::{BboltError, Corruption, MetaProblem};
 
 use page::{Node, PageSet, corrupt, fnv1a64, le16, le32, le64, unexpected};
@@ -244,7 +245,7 @@ impl Db {
             }
             None => {
                 let mut visited = PageSet::new(self.meta.high_water);
-                self.walk(bucket.root, 0, &mut visited, &mut f)
+                self.walk(bucket.root, 0, &mut visited, &mut Vec::new(), &mut f)
             }
         }
     }
@@ -271,7 +272,14 @@ impl Db {
         })
     }
 
-    fn walk<E, F>(&self, id: u64, depth: usize, visited: &mut PageSet, f: &mut F) -> Result<(), E>
+    fn walk<E, F>(
+        &self,
+        id: u64,
+        depth: usize,
+        visited: &mut PageSet,
+        pool: &mut Vec<Vec<u8>>,
+        f: &mut F,
+    ) -> Result<(), E>
     where
         E: From<BboltError>,
         F: FnMut(&[u8], Entry<'_>) -> Result<(), E>,
@@ -279,8 +287,26 @@ impl Db {
         if depth > MAX_DEPTH {
             return Err(corrupt(id, Corruption::TooDeep(MAX_DEPTH)).into());
         }
-        let mut buf = Vec::new();
-        let node = self.read_node(id, &mut buf)?;
+        let mut buf = take_buffer(pool, depth);
+        let walked = self.walk_node(id, depth, &mut buf, visited, pool, f);
+        pool[depth] = buf;
+        walked
+    }
+
+    fn walk_node<E, F>(
+        &self,
+        id: u64,
+        depth: usize,
+        buf: &mut Vec<u8>,
+        visited: &mut PageSet,
+        pool: &mut Vec<Vec<u8>>,
+        f: &mut F,
+    ) -> Result<(), E>
+    where
+        E: From<BboltError>,
+        F: FnMut(&[u8], Entry<'_>) -> Result<(), E>,
+    {
+        let node = self.read_node(id, buf)?;
         if !visited.insert(id) {
             return Err(corrupt(id, Corruption::MultipleReferences).into());
         }
@@ -288,7 +314,7 @@ impl Db {
             FLAG_BRANCH => {
                 for i in 0..node.count {
                     let (_, child) = node.branch(i)?;
-                    self.walk(child, depth + 1, visited, f)?;
+                    self.walk(child, depth + 1, visited, pool, f)?;
                 }
                 Ok(())
             }
@@ -316,13 +342,15 @@ impl Db {
 
     /// Reads page `id` (with its overflow pages) into `buf` and parses it.
     fn read_node<'b>(&self, id: u64, buf: &'b mut Vec<u8>) -> Result<Node<'b>, BboltError> {
-        self.read_run(id, buf)?;
-        Node::parse(id, buf)
+        let len = self.read_run(id, buf)?;
+        Node::parse(id, &buf[..len])
     }
 
-    /// Reads page `id` and its overflow run into `buf`, after checking that
-    /// the run lies below the high-water mark (and so within the file).
-    fn read_run(&self, id: u64, buf: &mut Vec<u8>) -> Result<(), BboltError> {
+    /// Reads page `id` and its overflow run into the start of `buf`, after
+    /// checking that the run lies below the high-water mark (and so within
+    /// the file); returns the run's length. `buf` only grows: reused for
+    /// every page, it is neither allocated nor zeroed again.
+    pub(crate) fn read_run(&self, id: u64, buf: &mut Vec<u8>) -> Result<usize, BboltError> {
         let high_water = self.meta.high_water;
         if id >= high_water {
             return Err(corrupt(
@@ -334,9 +362,8 @@ impl Db {
             ));
         }
         let page_size = self.meta.page_size as usize;
-        buf.clear();
-        buf.resize(page_size, 0);
-        self.read_at(self.offset(id), buf)?;
+        grow(buf, page_size);
+        self.read_at(self.offset(id), &mut buf[..page_size])?;
         let found = le64(buf, 0);
         if found != id {
             return Err(corrupt(id, Corruption::IdMismatch { found }));
@@ -346,15 +373,16 @@ impl Db {
         if last >= high_water {
             return Err(corrupt(id, Corruption::OutOfBounds { last, high_water }));
         }
-        if overflow > 0 {
-            // The run is below the high-water mark, so within the length
-            // checked at open time: the allocation is bounded by the file.
-            let run = usize::try_from((overflow + 1) * u64::from(self.meta.page_size))
-                .map_err(|_| corrupt(id, Corruption::OutOfBounds { last, high_water }))?;
-            buf.resize(run, 0);
-            self.read_at(self.offset(id + 1), &mut buf[page_size..])?;
+        if overflow == 0 {
+            return Ok(page_size);
         }
-        Ok(())
+        // The run is below the high-water mark, so within the length
+        // checked at open time: the allocation is bounded by the file.
+        let run = usize::try_from((overflow + 1) * u64::from(self.meta.page_size))
+            .map_err(|_| corrupt(id, Corruption::OutOfBounds { last, high_water }))?;
+        grow(buf, run);
+        self.read_at(self.offset(id + 1), &mut buf[page_size..run])?;
+        Ok(run)
     }
 
     fn offset(&self, id: u64) -> u64 {
@@ -484,4 +512,21 @@ fn parse_meta(m: &[u8]) -> Result<Meta, MetaProblem> {
         high_water: le64(m, 40),
         txid: le64(m, 48),
     })
+}
+
+/// Makes `buf` at least `len` long; only the added bytes are zeroed.
+fn grow(buf: &mut Vec<u8>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+}
+
+/// The read buffer of tree depth `depth` (a node's buffer stays in use
+/// while its children are read), taken out of `pool`; put it back at the
+/// same index.
+pub(crate) fn take_buffer(pool: &mut Vec<Vec<u8>>, depth: usize) -> Vec<u8> {
+    if pool.len() <= depth {
+        pool.resize_with(depth + 1, Vec::new);
+    }
+    std::mem::take(&mut pool[depth])
 }

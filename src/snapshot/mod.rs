@@ -226,8 +226,7 @@ pub(crate) fn compare_trailer(digest: &[u8; 32], trailer: &[u8; 32]) -> Result<(
 /// computes the status.
 pub(crate) fn check_database(file: File, len: u64) -> Result<Status, CheckFailure> {
     let db = Db::from_file(file, len).map_err(CheckFailure::Bbolt)?;
-    db.check().map_err(CheckFailure::Bbolt)?;
-    Ok(status::status(&db)?)
+    status::checked_status(&db)
 }
 
 pub(crate) fn report(size: u64, digest: &[u8; 32], status: &Status) -> SnapshotReport {

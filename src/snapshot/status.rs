@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::Hex;
-use super::bbolt::{BboltError, Db, Entry};
+use super::bbolt::{BboltError, Corruption, Db, Entry, Visit};
 
 /// etcd's summary of a snapshot (`etcdutl snapshot status`), with etcd
 /// 3.4's key count alongside.
@@ -102,35 +102,90 @@ const REVISION_LEN: usize = 17;
 /// Computes the status of `db`. Does not check consistency: run
 /// [`Db::check`] first.
 pub fn status(db: &Db) -> Result<Status, StatusError> {
-    let mut hash = 0u32;
-    let mut revision = 0i64;
-    let mut total_entries = 0u64;
-    let mut live = LiveKeys::default();
+    let mut tally = Tally::default();
     db.for_each_bucket(|name, bucket| {
-        hash = crc32c::crc32c_append(hash, name);
-        let is_key_bucket = name == KEY_BUCKET;
+        tally.bucket(name);
         db.for_each(&bucket, |key, entry| {
-            hash = crc32c::crc32c_append(hash, key);
             // A nested bucket has no value (Go's ForEach passes nil).
             let value = match entry {
-                Entry::Value(value) => value,
-                Entry::Bucket(_) => &[],
+                Entry::Value(value) => Some(value),
+                Entry::Bucket(_) => None,
             };
-            hash = crc32c::crc32c_append(hash, value);
-            if is_key_bucket {
-                revision = live.record(key, value)?;
-            }
-            total_entries += 1;
-            Ok::<(), StatusError>(())
+            tally.entry(key, value);
+            tally.error.take().map_or(Ok(()), Err)
         })
     })?;
-    Ok(Status {
-        hash,
-        revision,
-        total_keys: live.count(),
-        total_entries,
-        total_size: db.size(),
-    })
+    tally.finish(db)
+}
+
+/// Checks `db` ([`Db::check`]) and computes its status in the same pass
+/// over the file.
+pub(crate) fn checked_status(db: &Db) -> Result<Status, super::CheckFailure> {
+    let mut tally = Tally::default();
+    let mut visit = |visit: Visit<'_>| match visit {
+        Visit::Bucket(name) => tally.bucket(name),
+        Visit::Entry(key, value) => tally.entry(key, value),
+        Visit::RootValue { page } => tally.fail(StatusError::Db(BboltError::Corrupt {
+            page,
+            bucket: String::new(),
+            problem: Corruption::UnexpectedType {
+                expected: "bucket entry in the root",
+                flags: 0,
+            },
+        })),
+    };
+    db.check_visiting(Some(&mut visit))
+        .map_err(super::CheckFailure::Bbolt)?;
+    Ok(tally.finish(db)?)
+}
+
+/// The status so far, fed the top-level buckets and their entries in order;
+/// keeps the first error.
+#[derive(Default)]
+struct Tally {
+    hash: u32,
+    revision: i64,
+    total_entries: u64,
+    live: LiveKeys,
+    in_key_bucket: bool,
+    error: Option<StatusError>,
+}
+
+impl Tally {
+    fn bucket(&mut self, name: &[u8]) {
+        self.hash = crc32c::crc32c_append(self.hash, name);
+        self.in_key_bucket = name == KEY_BUCKET;
+    }
+
+    fn entry(&mut self, key: &[u8], value: Option<&[u8]>) {
+        let value = value.unwrap_or_default();
+        self.hash = crc32c::crc32c_append(self.hash, key);
+        self.hash = crc32c::crc32c_append(self.hash, value);
+        if self.in_key_bucket && self.error.is_none() {
+            match self.live.record(key, value) {
+                Ok(revision) => self.revision = revision,
+                Err(e) => self.fail(e),
+            }
+        }
+        self.total_entries += 1;
+    }
+
+    fn fail(&mut self, error: StatusError) {
+        self.error.get_or_insert(error);
+    }
+
+    fn finish(self, db: &Db) -> Result<Status, StatusError> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        Ok(Status {
+            hash: self.hash,
+            revision: self.revision,
+            total_keys: self.live.count(),
+            total_entries: self.total_entries,
+            total_size: db.size(),
+        })
+    }
 }
 
 /// The set of live user keys, fed the entries of bucket `key` in revision

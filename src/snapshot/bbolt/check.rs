@@ -40,17 +40,41 @@ pub struct CheckSummary {
 /// How many freelist entries are read at a time.
 const FREELIST_BATCH: usize = 8192;
 
+/// What [`Db::check_visiting`] shows of the data as it checks it, in the
+/// order a walk of the top-level buckets gives (bbolt's `Tx.ForEach`, then
+/// each bucket's `ForEach`).
+pub(crate) enum Visit<'k> {
+    /// A top-level bucket; its entries follow.
+    Bucket(&'k [u8]),
+    /// An entry of the last top-level bucket: a value, or `None` for a
+    /// nested bucket.
+    Entry(&'k [u8], Option<&'k [u8]>),
+    /// A top-level entry that is not a bucket, on page `page`.
+    RootValue { page: u64 },
+}
+
 impl Db {
     /// Checks the database's consistency (see the module docs); returns the
     /// first problem found.
     pub fn check(&self) -> Result<CheckSummary, BboltError> {
+        self.check_visiting(None)
+    }
+
+    /// [`Db::check`], showing `visit` the top-level buckets and their
+    /// entries on the way: the data is read once for both.
+    pub(crate) fn check_visiting<'a>(
+        &'a self,
+        visit: Option<&'a mut (dyn FnMut(Visit<'_>) + 'a)>,
+    ) -> Result<CheckSummary, BboltError> {
         let high_water = self.meta.high_water;
         let mut checker = Checker {
+            visit,
             db: self,
             reachable: PageSet::new(high_water),
             freed: PageSet::new(high_water),
             path: Vec::new(),
             buckets: 0,
+            pool: Vec::new(),
         };
         checker.reachable.insert(0);
         checker.reachable.insert(1);
@@ -89,12 +113,15 @@ impl Db {
 }
 
 struct Checker<'a> {
+    visit: Option<&'a mut (dyn FnMut(Visit<'_>) + 'a)>,
     db: &'a Db,
     reachable: PageSet,
     freed: PageSet,
     /// Names of the buckets being checked, outermost first.
     path: Vec<Vec<u8>>,
     buckets: u64,
+    /// Read buffers, one per tree depth (see [`super::take_buffer`]).
+    pool: Vec<Vec<u8>>,
 }
 
 impl Checker<'_> {
@@ -198,9 +225,23 @@ impl Checker<'_> {
         if depth > MAX_DEPTH {
             return Err(self.error(id, Corruption::TooDeep(MAX_DEPTH)));
         }
-        let mut buf = Vec::new();
-        self.db.read_run(id, &mut buf).map_err(|e| self.locate(e))?;
-        let overflow = u64::from(le32(&buf, 12));
+        let mut buf = super::take_buffer(&mut self.pool, depth);
+        let checked = self.check_node(id, min, max, depth, &mut buf);
+        self.pool[depth] = buf;
+        checked
+    }
+
+    fn check_node(
+        &mut self,
+        id: u64,
+        min: Option<&[u8]>,
+        max: Option<&[u8]>,
+        depth: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), BboltError> {
+        let len = self.db.read_run(id, buf).map_err(|e| self.locate(e))?;
+        let buf = &buf[..len];
+        let overflow = u64::from(le32(buf, 12));
         for page in id..=id + overflow {
             if !self.reachable.insert(page) {
                 return Err(self.error(page, Corruption::MultipleReferences));
@@ -209,7 +250,7 @@ impl Checker<'_> {
                 return Err(self.error(page, Corruption::ReachableFreed));
             }
         }
-        let node = Node::parse(id, &buf).map_err(|e| self.locate(e))?;
+        let node = Node::parse(id, buf).map_err(|e| self.locate(e))?;
         match node.flags {
             FLAG_BRANCH => {
                 for i in 0..node.count {
@@ -261,6 +302,15 @@ impl Checker<'_> {
             }
             if max.is_some_and(|m| key >= m) {
                 return Err(self.order(node.page, i, key, "is not below the ancestor's next key"));
+            }
+            if let Some(visit) = self.visit.as_mut() {
+                match (self.path.len(), element.is_bucket()) {
+                    (0, true) => visit(Visit::Bucket(key)),
+                    (0, false) => visit(Visit::RootValue { page: node.page }),
+                    (1, true) => visit(Visit::Entry(key, None)),
+                    (1, false) => visit(Visit::Entry(key, Some(element.value))),
+                    _ => {}
+                }
             }
             if element.is_bucket() {
                 let bucket =

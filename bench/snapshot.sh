@@ -4,12 +4,12 @@
 # /usr/bin/time -v, and appends wall time, CPU seconds and peak RSS to
 # bench/RESULTS.md. etcdctl's own `snapshot save` of the same database is
 # recorded beside it for reference. Fails if talosctl-rs's peak RSS reaches
-# 32 MiB.
+# 24 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 size_mib="${SIZE_MIB:-1024}"
-limit_kib=$((32 * 1024))
+limit_kib=$((24 * 1024))
 
 scripts/install-deps.sh
 cargo build --locked --release --workspace --bins
@@ -63,7 +63,7 @@ row() { # "label|wall|cpu|rss"
 
 rss_kib="$(cut -d'|' -f4 <<<"$ours")"
 if [ "$rss_kib" -ge "$limit_kib" ]; then
-  echo "FAIL: talosctl-rs peak RSS ${rss_kib} KiB reaches the 32 MiB limit" >&2
+  echo "FAIL: talosctl-rs peak RSS ${rss_kib} KiB reaches the 24 MiB limit" >&2
   exit 1
 fi
 echo "OK: talosctl-rs peak RSS $((rss_kib / 1024)) MiB for a $((bytes / 1048576)) MiB snapshot" >&2

@@ -115,7 +115,7 @@ def main():
         [
             ("talosctl-rs etcd snapshot (verified: sha256, bbolt, status)",
              [rs, "--talosconfig", tc, "-n", node, "etcd", "snapshot", snap]),
-            ("Go client, as talosctl streams it (no checks, no status)",
+            ("Go client, as talosctl v1.13.9 does it (stream, fsync, trailer size, etcdutl status)",
              [go, "--talosconfig", tc, "--node", node, "snapshot", snap]),
             ("etcdctl snapshot save, straight from etcd (no TLS, no Talos API)",
              ["env", "ETCDCTL_API=3", "etcdctl", "--endpoints", cfg["etcd_url"], "snapshot", "save", snap]),

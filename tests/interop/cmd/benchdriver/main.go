@@ -8,13 +8,17 @@
 //	benchdriver --talosconfig PATH --node IP members
 //	benchdriver --talosconfig PATH --node IP snapshot FILE
 //
-// `snapshot` streams the node's etcd snapshot into FILE as talosctl 1.13's
-// `etcd snapshot` does (one node in `nodes` metadata, io.Copy from the
-// client's reader, fsync); it does not compute etcd's status afterwards.
+// `snapshot` does what talosctl 1.13's `etcd snapshot` does
+// (cmd/talosctl/cmd/talos/etcd.go in siderolabs/talos): the node's etcd
+// snapshot streamed into FILE.part (one node in `nodes` metadata, io.Copy
+// from the client's reader), fsync, the size checked for etcd's sha256
+// trailer, FILE.part renamed to FILE, then etcd's snapshot status computed
+// with etcdutl's snapshot package and printed as talosctl prints it.
 package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,6 +28,8 @@ import (
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
+	etcdsnapshot "go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.uber.org/zap"
 )
 
 func main() {
@@ -84,6 +90,17 @@ func run(ctx context.Context, talosconfig, node string, args []string) error {
 }
 
 func snapshot(ctx context.Context, c *client.Client, node, path string) error {
+	part := path + ".part"
+
+	defer os.Remove(part) //nolint:errcheck
+
+	f, err := os.OpenFile(part, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+
+	defer f.Close() //nolint:errcheck
+
 	r, err := c.EtcdSnapshot(client.WithNodes(ctx, node), &machine.EtcdSnapshotRequest{})
 	if err != nil {
 		return err
@@ -91,18 +108,33 @@ func snapshot(ctx context.Context, c *client.Client, node, path string) error {
 
 	defer r.Close() //nolint:errcheck
 
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	size, err := io.Copy(f, r)
 	if err != nil {
 		return err
 	}
 
-	n, copyErr := io.Copy(f, r)
-
-	if err = errors.Join(copyErr, f.Sync(), f.Close()); err != nil {
+	if err = f.Sync(); err != nil {
 		return err
 	}
 
-	fmt.Printf("%d bytes\n", n)
+	// An etcd snapshot ends with the sha256 of the database.
+	if size%512 != sha256.Size {
+		return fmt.Errorf("sha256 checksum not found (size %d)", size)
+	}
+
+	if err = os.Rename(part, path); err != nil {
+		return err
+	}
+
+	fmt.Printf("etcd snapshot saved to %q (%d bytes)\n", path, size)
+
+	status, err := etcdsnapshot.NewV3(zap.NewNop()).Status(path)
+	if err != nil {
+		return err
+	}
+
+	fmt.Printf("snapshot info: hash %08x, revision %d, total keys %d, total size %d\n",
+		status.Hash, status.Revision, status.TotalKey, status.TotalSize)
 
 	return nil
 }

@@ -251,11 +251,18 @@ async fn failures_reach_the_caller_with_their_codes() {
         other => panic!("want PermissionDenied, got {other:?}"),
     }
 
-    // A snapshot stream that ends with an apid-style error frame.
+    // A snapshot stream that ends with an apid-style error frame: the bytes
+    // before it arrive (in batches, not the server's chunks), then the error.
     let mut stream = client.node(FAILING_NODE).etcd_snapshot().await.unwrap();
-    for expected in &snapshot_chunks()[..2] {
-        assert_eq!(stream.next_chunk().await.unwrap().unwrap(), expected.bytes);
+    let expected: Vec<u8> = snapshot_chunks()[..2]
+        .iter()
+        .flat_map(|chunk| chunk.bytes.iter().copied())
+        .collect();
+    let mut received = Vec::new();
+    while received.len() < expected.len() {
+        received.extend_from_slice(&stream.next_chunk().await.unwrap().unwrap());
     }
+    assert_eq!(received, expected);
     match stream.next().await {
         Some(Err(Error::Aborted(f))) => {
             assert_eq!(f.node.as_deref(), Some(FAILING_NODE));

@@ -305,14 +305,24 @@ async fn one_to_many(
             proxy::grpc_response(tokio_stream::wrappers::ReceiverStream::new(rx))
         }
         _ => {
-            let calls = requests.into_iter().map(|(target, request)| async move {
-                let outcome = match forward_unary(machined, &target, request).await {
-                    Ok(response) => proxy::read_unary(response).await,
-                    Err(status) => Err(status),
-                };
-                proxy::unary_part(&target, outcome)
+            // One task per target, as apid runs one goroutine per backend:
+            // the calls spread over the runtime's threads.
+            let calls = requests.into_iter().map(|(target, request)| {
+                let machined = machined.clone();
+                tokio::spawn(async move {
+                    let outcome = match forward_unary(&machined, &target, request).await {
+                        Ok(response) => proxy::read_unary(response).await,
+                        Err(status) => Err(status),
+                    };
+                    proxy::unary_part(&target, outcome)
+                })
             });
-            let merged: Vec<u8> = futures::future::join_all(calls).await.concat();
+            let parts = futures::future::join_all(calls).await;
+            let merged: Vec<u8> = parts
+                .into_iter()
+                .map(|part| part.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())))
+                .collect::<Vec<_>>()
+                .concat();
             proxy::grpc_response(futures::stream::once(async move { proxy::frame(&merged) }))
         }
     }

@@ -270,10 +270,11 @@ pub(crate) async fn forfeit_leadership(node: &Node, shared: &Shared) -> Result<S
 
 /// Streams the local member's snapshot (etcd's bytes with its sha256
 /// trailer) re-cut into [`SNAPSHOT_CHUNK`]-byte messages. A bounded channel
-/// paces etcd to the client.
+/// paces etcd to the client; it carries the messages of one etcd chunk at
+/// a time, not one message per hand-off between tasks.
 pub(crate) async fn snapshot(
     node: &Node,
-) -> Result<tokio_stream::wrappers::ReceiverStream<Result<common::Data, Status>>, Status> {
+) -> Result<impl futures::Stream<Item = Result<common::Data, Status>> + Send + 'static, Status> {
     let (client, url) = node.local_etcd("etcd snapshot").await?;
     let mut upstream = client
         .snapshot(&url)
@@ -281,7 +282,7 @@ pub(crate) async fn snapshot(
         .map_err(etcd_wrapped("failed reading etcd snapshot"))?;
     let mut fault = node.take_snapshot_fault();
     let name = node.name.clone();
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<common::Data>>(8);
     tokio::spawn(async move {
         // A read error ends the stream early with status OK: upstream's
         // chunker (pkg/chunker/stream) logs it and closes the channel, and
@@ -294,28 +295,36 @@ pub(crate) async fn snapshot(
                 Ok(response) => response.blob,
                 Err(status) => return read_error(status.message()),
             };
+            let mut messages = Vec::with_capacity(blob.len().div_ceil(SNAPSHOT_CHUNK));
             let mut offset = 0;
+            let mut failed = false;
             while offset < blob.len() {
                 let mut end = (offset + SNAPSHOT_CHUNK).min(blob.len());
                 if let Some(left) = fault.as_mut() {
                     if *left == 0 {
-                        return read_error("simulated read error");
+                        failed = true;
+                        break;
                     }
                     end = end.min(offset + *left as usize);
                     *left -= (end - offset) as u64;
                 }
-                let data = common::Data {
+                messages.push(common::Data {
                     metadata: None,
                     bytes: blob.slice(offset..end),
-                };
-                if tx.send(Ok(data)).await.is_err() {
-                    return; // the client went away
-                }
+                });
                 offset = end;
+            }
+            // What was cut before a simulated read error still goes out.
+            if !messages.is_empty() && tx.send(messages).await.is_err() {
+                return; // the client went away
+            }
+            if failed {
+                return read_error("simulated read error");
             }
         }
     });
-    Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+    Ok(tokio_stream::wrappers::ReceiverStream::new(rx)
+        .flat_map(|messages| futures::stream::iter(messages.into_iter().map(Ok))))
 }
 
 fn to_alarms(alarms: Vec<pb::AlarmMember>) -> Vec<machine::EtcdMemberAlarm> {

@@ -192,11 +192,10 @@ where
         }
         progress(received);
     }
-    let buf = gathered;
     if transfer_error.is_some() {
         abort.store(true, Ordering::Relaxed);
-    } else if !buf.is_empty() {
-        let _ = full_tx.send(buf.freeze()).await;
+    } else if !gathered.is_empty() {
+        let _ = full_tx.send(gathered.freeze()).await;
     }
     drop(full_tx);
     let written = writer.await.map_err(|e| SnapshotError::Io {

@@ -21,13 +21,12 @@ pub(crate) async fn start_front(shared: &Arc<Shared>, node: &Arc<Node>) -> Resul
     let addr = node.api_addr();
     let listener = bind_with_retry(&addr).await?;
     let token = CancellationToken::new();
-    node.set_front(Some(token.clone()));
+    node.set_front(Some((token.clone(), node.is_configured())));
     let machined = Machined {
         node: node.clone(),
         shared: shared.clone(),
     };
     let (machine_front, cluster_front) = front::services(machined);
-    node.set_front_in_cluster(node.is_configured());
     let incoming = tls_incoming(listener, node.api_tls(), token.clone());
     let routes = tonic::service::Routes::new(machine_front).add_service(cluster_front);
     tokio::spawn(serve_http2(incoming, routes, token));

@@ -94,9 +94,9 @@ pub struct Node {
     pub(crate) config: Mutex<ConfigState>,
     pub(crate) apply_lock: tokio::sync::Mutex<()>,
     power: Mutex<Power>,
-    front: Mutex<Option<CancellationToken>>,
-    /// Whether the API being served presents the cluster's certificate.
-    front_in_cluster: std::sync::atomic::AtomicBool,
+    /// The API being served: the token that stops it, and whether it
+    /// presents the cluster's certificate.
+    front: Mutex<Option<(CancellationToken, bool)>>,
     events: Mutex<Vec<ServiceEvent>>,
     pub(crate) reset_lock: tokio::sync::Mutex<()>,
     /// A read fault armed for the next snapshot: bytes sent before it.
@@ -147,7 +147,6 @@ impl Node {
             apply_lock: tokio::sync::Mutex::new(()),
             power: Mutex::new(Power::Off),
             front: Mutex::new(None),
-            front_in_cluster: std::sync::atomic::AtomicBool::new(false),
             events: Mutex::new(Vec::new()),
             reset_lock: tokio::sync::Mutex::new(()),
             snapshot_fault: Mutex::new(None),
@@ -258,30 +257,17 @@ impl Node {
     /// mode presents its own, which a peer apid does not trust); it fires
     /// when the API goes down.
     pub(crate) fn cluster_front(&self) -> Option<CancellationToken> {
-        if !self
-            .front_in_cluster
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
-            return None;
+        match &*self.front.lock().expect("front lock") {
+            Some((token, true)) if !token.is_cancelled() => Some(token.clone()),
+            _ => None,
         }
-        self.front
-            .lock()
-            .expect("front lock")
-            .as_ref()
-            .filter(|token| !token.is_cancelled())
-            .cloned()
     }
 
-    /// Records whether the API being started presents the cluster's server
-    /// certificate.
-    pub(crate) fn set_front_in_cluster(&self, in_cluster: bool) {
-        self.front_in_cluster
-            .store(in_cluster, std::sync::atomic::Ordering::Release);
-    }
-
-    pub(crate) fn set_front(&self, token: Option<CancellationToken>) {
-        let old = std::mem::replace(&mut *self.front.lock().expect("front lock"), token);
-        if let Some(old) = old {
+    /// Records the API being served (its token, and whether it presents
+    /// the cluster's certificate), stopping the one before.
+    pub(crate) fn set_front(&self, front: Option<(CancellationToken, bool)>) {
+        let old = std::mem::replace(&mut *self.front.lock().expect("front lock"), front);
+        if let Some((old, _)) = old {
             old.cancel();
         }
     }

@@ -410,14 +410,18 @@ impl Shared {
 
     /// A node by hostname or address.
     pub(crate) fn find(&self, target: &str) -> Option<Arc<Node>> {
-        self.nodes()
-            .into_iter()
-            .find(|n| n.name == target || n.ip.to_string() == target)
+        let ip = target.parse::<std::net::Ipv4Addr>().ok();
+        self.nodes
+            .read()
+            .expect("nodes lock")
+            .iter()
+            .find(|n| n.name == target || Some(n.ip) == ip)
+            .cloned()
     }
 
     /// Whether `target` names `node` itself.
     pub(crate) fn is_self(&self, node: &Node, target: &str) -> bool {
-        target == node.name || target == node.ip.to_string()
+        target == node.name || target.parse::<std::net::Ipv4Addr>().ok() == Some(node.ip)
     }
 
     fn create_node(&self, index: usize, kind: NodeKind) -> Result<Node, SimError> {

@@ -3,6 +3,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -90,6 +91,10 @@ pub struct Node {
     pub maintenance_fingerprint: String,
     /// A worker: configured, but no etcd.
     worker: std::sync::atomic::AtomicBool,
+    /// Whether STATE holds a machine configuration: kept beside the file
+    /// (set when it is written, cleared when STATE is wiped) so that routing
+    /// a request does not stat the file.
+    configured: std::sync::atomic::AtomicBool,
     etcd: tokio::sync::Mutex<Option<EtcdProcess>>,
     pub(crate) config: Mutex<ConfigState>,
     pub(crate) apply_lock: tokio::sync::Mutex<()>,
@@ -139,6 +144,7 @@ impl Node {
             maintenance_tls: layout.maintenance_tls,
             maintenance_fingerprint: layout.maintenance_fingerprint,
             worker: std::sync::atomic::AtomicBool::new(layout.worker),
+            configured: std::sync::atomic::AtomicBool::new(false),
             etcd: tokio::sync::Mutex::new(None),
             config: Mutex::new(ConfigState {
                 active: machine_config.clone().unwrap_or_default(),
@@ -159,6 +165,8 @@ impl Node {
             node.persist_config(config)
                 .map_err(|e| SimError::io(&node.config_path(), e))?;
         }
+        node.configured
+            .store(node.config_path().exists(), Ordering::Relaxed);
         let meta = node.volume("META").join("meta");
         std::fs::write(&meta, b"simulated META").map_err(|e| SimError::io(&meta, e))?;
         Ok(node)
@@ -206,17 +214,16 @@ impl Node {
     /// Whether the node has a machine configuration (a wiped STATE means
     /// maintenance mode: no machine type, no etcd).
     pub fn is_configured(&self) -> bool {
-        self.config_path().exists()
+        self.configured.load(Ordering::Relaxed)
     }
 
     /// Whether the node is a worker (configured without etcd).
     pub fn is_worker(&self) -> bool {
-        self.worker.load(std::sync::atomic::Ordering::Relaxed)
+        self.worker.load(Ordering::Relaxed)
     }
 
     pub(crate) fn set_worker(&self, worker: bool) {
-        self.worker
-            .store(worker, std::sync::atomic::Ordering::Relaxed);
+        self.worker.store(worker, Ordering::Relaxed);
     }
 
     /// Whether the node is a configured control-plane node (one with etcd).
@@ -235,7 +242,9 @@ impl Node {
     }
 
     pub(crate) fn persist_config(&self, yaml: &str) -> std::io::Result<()> {
-        talos_client::files::write_atomic(&self.config_path(), yaml.as_bytes())
+        talos_client::files::write_atomic(&self.config_path(), yaml.as_bytes())?;
+        self.configured.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The persisted configuration, if STATE holds one.
@@ -476,6 +485,11 @@ impl Node {
     /// Wipes a system volume's contents.
     pub(crate) fn wipe(&self, label: &str) -> std::io::Result<()> {
         let path = self.volume(label);
+        if label == "STATE" {
+            // Cleared first: a wipe that fails half-way leaves no trusted
+            // configuration either.
+            self.configured.store(false, Ordering::Relaxed);
+        }
         if path.exists() {
             std::fs::remove_dir_all(&path)?;
         }

@@ -20,6 +20,8 @@ fn main() -> io::Result<()> {
         .build_server(false)
         // Snapshot chunks are passed along without copying.
         .bytes(".common.Data.bytes")
+        // Talos messages are small: see `crate::api::TalosCodec`.
+        .codec_path("crate::api::TalosCodec")
         .include_file("talos_api.rs")
         .compile_fds(fds)
 }

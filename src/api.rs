@@ -11,9 +11,8 @@ include!(concat!(env!("OUT_DIR"), "/talos_api.rs"));
 
 /// The stubs' codec: prost, with a 1 KiB first buffer per call instead of
 /// tonic's 8 KiB. Talos answers are mostly a few hundred bytes, and a
-/// fan-out holds one encode and one decode buffer per node at once (50 nodes
-/// held 800 KiB of buffers that were never written); larger messages grow
-/// the buffer as they arrive.
+/// fan-out holds one encode and one decode buffer per node at once; larger
+/// messages grow the buffer as they arrive.
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct TalosCodec<T, U>(std::marker::PhantomData<(T, U)>);

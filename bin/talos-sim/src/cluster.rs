@@ -355,6 +355,12 @@ impl Cluster {
     }
 }
 
+/// Whether `target` (already parsed as `ip` when it is an address) is
+/// `node`'s hostname or address.
+fn named(node: &Node, target: &str, ip: Option<std::net::Ipv4Addr>) -> bool {
+    node.name == target || ip == Some(node.ip)
+}
+
 impl Shared {
     pub(crate) async fn fill(
         &self,
@@ -410,18 +416,18 @@ impl Shared {
 
     /// A node by hostname or address.
     pub(crate) fn find(&self, target: &str) -> Option<Arc<Node>> {
-        let ip = target.parse::<std::net::Ipv4Addr>().ok();
+        let ip = target.parse().ok();
         self.nodes
             .read()
             .expect("nodes lock")
             .iter()
-            .find(|n| n.name == target || Some(n.ip) == ip)
+            .find(|n| named(n, target, ip))
             .cloned()
     }
 
     /// Whether `target` names `node` itself.
     pub(crate) fn is_self(&self, node: &Node, target: &str) -> bool {
-        target == node.name || target.parse::<std::net::Ipv4Addr>().ok() == Some(node.ip)
+        named(node, target, target.parse().ok())
     }
 
     fn create_node(&self, index: usize, kind: NodeKind) -> Result<Node, SimError> {

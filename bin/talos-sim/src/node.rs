@@ -3,7 +3,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -90,11 +90,11 @@ pub struct Node {
     /// prints it on its console for `--cert-fingerprint`.
     pub maintenance_fingerprint: String,
     /// A worker: configured, but no etcd.
-    worker: std::sync::atomic::AtomicBool,
-    /// Whether STATE holds a machine configuration: kept beside the file
-    /// (set when it is written, cleared when STATE is wiped) so that routing
-    /// a request does not stat the file.
-    configured: std::sync::atomic::AtomicBool,
+    worker: AtomicBool,
+    /// Whether STATE holds a machine configuration: set when the file is
+    /// written (node directories start empty), cleared when STATE is wiped,
+    /// so that routing a request does not stat the file.
+    configured: AtomicBool,
     etcd: tokio::sync::Mutex<Option<EtcdProcess>>,
     pub(crate) config: Mutex<ConfigState>,
     pub(crate) apply_lock: tokio::sync::Mutex<()>,
@@ -143,8 +143,8 @@ impl Node {
             server_tls: layout.server_tls,
             maintenance_tls: layout.maintenance_tls,
             maintenance_fingerprint: layout.maintenance_fingerprint,
-            worker: std::sync::atomic::AtomicBool::new(layout.worker),
-            configured: std::sync::atomic::AtomicBool::new(false),
+            worker: AtomicBool::new(layout.worker),
+            configured: AtomicBool::new(false),
             etcd: tokio::sync::Mutex::new(None),
             config: Mutex::new(ConfigState {
                 active: machine_config.clone().unwrap_or_default(),
@@ -165,8 +165,6 @@ impl Node {
             node.persist_config(config)
                 .map_err(|e| SimError::io(&node.config_path(), e))?;
         }
-        node.configured
-            .store(node.config_path().exists(), Ordering::Relaxed);
         let meta = node.volume("META").join("meta");
         std::fs::write(&meta, b"simulated META").map_err(|e| SimError::io(&meta, e))?;
         Ok(node)

@@ -31,8 +31,10 @@
 //! [`Db::check`] (in the `check` submodule) mirrors bbolt's `Tx.Check`.
 
 use std::fs::File;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 mod check;
 mod error;
@@ -42,6 +44,7 @@ pub use check::CheckSummary;
 pub(crate) use check::Visit;
 pub use error::{BboltError, Corruption, MetaProblem};
 
+use super::direct;
 use page::{Node, PageSet, corrupt, fnv1a64, le16, le32, le64, unexpected};
 
 /// The magic number of a bbolt meta page.
@@ -156,6 +159,11 @@ pub struct Db {
     file: File,
     len: u64,
     meta: Meta,
+    /// The file opened for direct I/O: long overflow runs are read with it,
+    /// around the page cache (see `snapshot::direct`).
+    pub(crate) direct: Option<File>,
+    /// Set once the file system refuses a direct read.
+    direct_refused: AtomicBool,
 }
 
 impl Db {
@@ -185,6 +193,8 @@ impl Db {
         let mut db = Db {
             file,
             len,
+            direct: None,
+            direct_refused: AtomicBool::new(false),
             meta: Meta {
                 page: 0,
                 page_size: 0,
@@ -342,15 +352,15 @@ impl Db {
 
     /// Reads page `id` (with its overflow pages) into `buf` and parses it.
     fn read_node<'b>(&self, id: u64, buf: &'b mut Vec<u8>) -> Result<Node<'b>, BboltError> {
-        let len = self.read_run(id, buf)?;
-        Node::parse(id, &buf[..len])
+        let run = self.read_run(id, buf)?;
+        Node::parse(id, &buf[run])
     }
 
-    /// Reads page `id` and its overflow run into the start of `buf`, after
-    /// checking that the run lies below the high-water mark (and so within
-    /// the file); returns the run's length. `buf` only grows: reused for
-    /// every page, it is neither allocated nor zeroed again.
-    pub(crate) fn read_run(&self, id: u64, buf: &mut Vec<u8>) -> Result<usize, BboltError> {
+    /// Reads page `id` and its overflow run into `buf`, after checking that
+    /// the run lies below the high-water mark (and so within the file);
+    /// returns where in `buf` the run is. `buf` only grows: reused for every
+    /// page, it is neither allocated nor zeroed again.
+    pub(crate) fn read_run(&self, id: u64, buf: &mut Vec<u8>) -> Result<Range<usize>, BboltError> {
         let high_water = self.meta.high_water;
         if id >= high_water {
             return Err(corrupt(
@@ -374,15 +384,45 @@ impl Db {
             return Err(corrupt(id, Corruption::OutOfBounds { last, high_water }));
         }
         if overflow == 0 {
-            return Ok(page_size);
+            return Ok(0..page_size);
         }
         // The run is below the high-water mark, so within the length
         // checked at open time: the allocation is bounded by the file.
         let run = usize::try_from((overflow + 1) * u64::from(self.meta.page_size))
             .map_err(|_| corrupt(id, Corruption::OutOfBounds { last, high_water }))?;
+        let rest = self.offset(id + 1);
+        if let Some(direct) = self.direct_for(run - page_size) {
+            // The continuation goes to an aligned address (page sizes are
+            // multiples of the alignment), the first page just before it.
+            grow(buf, run + direct::ALIGN);
+            let start = direct::aligned_start(buf);
+            buf.copy_within(..page_size, start);
+            let continuation = &mut buf[start + page_size..start + run];
+            match direct.read_exact_at(continuation, rest) {
+                Ok(()) => return Ok(start..start + run),
+                Err(e) if direct::refused(&e) => {
+                    self.direct_refused.store(true, Ordering::Relaxed);
+                    buf.copy_within(start..start + page_size, 0);
+                }
+                Err(source) => {
+                    return Err(BboltError::Io {
+                        offset: rest,
+                        source,
+                    });
+                }
+            }
+        }
         grow(buf, run);
-        self.read_at(self.offset(id + 1), &mut buf[page_size..run])?;
-        Ok(run)
+        self.read_at(rest, &mut buf[page_size..run])?;
+        Ok(0..run)
+    }
+
+    /// The direct handle, for a continuation of `len` bytes worth reading
+    /// direct.
+    fn direct_for(&self, len: usize) -> Option<&File> {
+        let worth = len as u64 >= direct::DIRECT_MIN && len.is_multiple_of(direct::ALIGN);
+        let direct = self.direct.as_ref()?;
+        (worth && !self.direct_refused.load(Ordering::Relaxed)).then_some(direct)
     }
 
     fn offset(&self, id: u64) -> u64 {

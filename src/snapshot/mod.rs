@@ -18,6 +18,7 @@
 //!   count alongside.
 
 pub mod bbolt;
+mod direct;
 mod save;
 pub mod status;
 
@@ -184,7 +185,7 @@ pub fn verify_file(path: &Path) -> Result<SnapshotReport, SnapshotError> {
     compare_trailer(&digest, &trailer).map_err(rejected)?;
 
     let status =
-        check_database(file, contents).map_err(|failure| match split_io(failure, path) {
+        check_database(file, None, contents).map_err(|failure| match split_io(failure, path) {
             Ok(failure) => rejected(failure),
             Err(io) => io,
         })?;
@@ -223,9 +224,15 @@ pub(crate) fn compare_trailer(digest: &[u8; 32], trailer: &[u8; 32]) -> Result<(
 }
 
 /// Opens the first `len` bytes of `file` as a bbolt database, checks it and
-/// computes the status.
-pub(crate) fn check_database(file: File, len: u64) -> Result<Status, CheckFailure> {
-    let db = Db::from_file(file, len).map_err(CheckFailure::Bbolt)?;
+/// computes the status. `direct`, the same file opened for direct I/O,
+/// reads long overflow runs around the page cache.
+pub(crate) fn check_database(
+    file: File,
+    direct: Option<File>,
+    len: u64,
+) -> Result<Status, CheckFailure> {
+    let mut db = Db::from_file(file, len).map_err(CheckFailure::Bbolt)?;
+    db.direct = direct;
     status::checked_status(&db)
 }
 

@@ -2,7 +2,8 @@
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 
+use super::direct::{self, Aligned, Layout};
 use super::{
     CheckFailure, SnapshotError, SnapshotReport, TRAILER_SIZE, check_database, compare_trailer,
     has_trailer, report, split_io,
@@ -136,9 +138,12 @@ where
     S: Stream<Item = Result<Bytes, crate::client::Error>> + Unpin,
 {
     let part = with_suffix(path, ".part");
-    let file = blocking(&part, {
+    let (file, direct) = blocking(&part, {
         let part = part.clone();
-        move || create_private(&part)
+        move || {
+            let file = create_private(&part)?;
+            Ok((file, direct::open(&part, true)))
+        }
     })
     .await?;
     let mut guard = PartGuard(Some(part.clone()));
@@ -151,12 +156,12 @@ where
     let writer = tokio::task::spawn_blocking({
         let abort = abort.clone();
         move || -> io::Result<Sink> {
-            let mut sink = Sink::new(file);
+            let mut sink = Sink::new(file, direct);
             while let Some(batch) = full_rx.blocking_recv() {
                 sink.write(&batch)?;
             }
             if !abort.load(Ordering::Relaxed) {
-                sink.file.sync_all()?;
+                sink.finish()?;
             }
             Ok(sink)
         }
@@ -265,6 +270,10 @@ where
     })
 }
 
+/// Size of the staging buffer for bulk bytes written direct: one 1 MiB
+/// value's continuation.
+const STAGE: usize = 1 << 20;
+
 /// The bytes written so far, with the sha256 of all but the last 32 of them.
 struct Sink {
     file: File,
@@ -273,21 +282,37 @@ struct Sink {
     lag: [u8; 32],
     lag_len: usize,
     written: u64,
+    /// Where the bulk is (see [`direct`]).
+    layout: Layout,
+    /// The file opened for direct I/O, while the file system takes it.
+    direct: Option<File>,
+    /// Bulk bytes waiting to be written direct, from file offset `staged_at`.
+    stage: Aligned,
+    staged: usize,
+    staged_at: u64,
+    /// Bytes written direct.
+    direct_written: u64,
 }
 
 impl Sink {
-    fn new(file: File) -> Sink {
+    fn new(file: File, direct: Option<File>) -> Sink {
         Sink {
             file,
             hasher: Sha256::new(),
             lag: [0; 32],
             lag_len: 0,
             written: 0,
+            layout: Layout::default(),
+            stage: Aligned::new(if direct.is_some() { STAGE } else { 0 }),
+            direct,
+            staged: 0,
+            staged_at: 0,
+            direct_written: 0,
         }
     }
 
     fn write(&mut self, data: &[u8]) -> io::Result<()> {
-        self.file.write_all(data)?;
+        self.place(data)?;
         self.written += data.len() as u64;
         if data.len() >= 32 {
             let cut = data.len() - 32;
@@ -307,6 +332,69 @@ impl Sink {
         }
         Ok(())
     }
+
+    /// Writes `data` (the next bytes of the stream) at its offset: bulk
+    /// through the stage, the rest through the page cache.
+    fn place(&mut self, mut data: &[u8]) -> io::Result<()> {
+        let mut at = self.written;
+        if self.direct.is_none() {
+            return self.file.write_all_at(data, at);
+        }
+        while !data.is_empty() {
+            let (len, bulk) = self.layout.next_segment(data);
+            let (segment, rest) = data.split_at(len);
+            if bulk {
+                self.stage_bulk(segment, at)?;
+            } else {
+                self.file.write_all_at(segment, at)?;
+            }
+            at += len as u64;
+            data = rest;
+        }
+        Ok(())
+    }
+
+    fn stage_bulk(&mut self, mut data: &[u8], mut at: u64) -> io::Result<()> {
+        while !data.is_empty() {
+            if self.staged > 0 && self.staged_at + self.staged as u64 != at {
+                self.flush()?;
+            }
+            if self.staged == 0 {
+                self.staged_at = at;
+            }
+            let stage = self.stage.as_mut_slice();
+            let n = data.len().min(stage.len() - self.staged);
+            stage[self.staged..self.staged + n].copy_from_slice(&data[..n]);
+            self.staged += n;
+            if self.staged == stage.len() {
+                self.flush()?;
+            }
+            at += n as u64;
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Writes what is staged (direct, or through the page cache once the
+    /// file system has refused direct I/O).
+    fn flush(&mut self) -> io::Result<()> {
+        let data = &self.stage.as_mut_slice()[..self.staged];
+        match &self.direct {
+            Some(direct) => match direct::write_staged(direct, &self.file, data, self.staged_at)? {
+                Some(n) => self.direct_written += n as u64,
+                None => self.direct = None,
+            },
+            None => self.file.write_all_at(data, self.staged_at)?,
+        }
+        self.staged = 0;
+        Ok(())
+    }
+
+    /// Writes what is staged and makes the file durable.
+    fn finish(&mut self) -> io::Result<()> {
+        self.flush()?;
+        self.file.sync_all()
+    }
 }
 
 /// The checks on the finished `.part` file: trailer, sha256, bbolt, status.
@@ -324,7 +412,11 @@ fn verify_part(sink: Sink, part: &Path) -> Result<([u8; 32], super::Status), Che
             source,
         })
     })?;
-    let status = check_database(file, size - TRAILER_SIZE)?;
+    // Bulk written direct is read back direct: it is not in the page cache.
+    let direct = (sink.direct_written > 0)
+        .then(|| direct::open(part, false))
+        .flatten();
+    let status = check_database(file, direct, size - TRAILER_SIZE)?;
     Ok((digest, status))
 }
 
@@ -404,7 +496,7 @@ mod tests {
             &[10, 10, 10, 10],
             &[4968, 1],
         ] {
-            let mut sink = Sink::new(File::create(dir.join("x")).unwrap());
+            let mut sink = Sink::new(File::create(dir.join("x")).unwrap(), None);
             let mut at = 0;
             let mut i = 0;
             while at < data.len() {
@@ -421,6 +513,66 @@ mod tests {
             assert_eq!(digest, expected, "splits {splits:?}");
         }
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A stream shaped like a snapshot whose pages 2..=42 are one leaf
+    /// run (40 overflow pages: bulk) and 60..=63 a short one, with a
+    /// trailer that ends the stream mid-page.
+    fn bulky_stream() -> Vec<u8> {
+        let ps = 4096usize;
+        let mut data: Vec<u8> = (0..70 * ps + 32).map(|i| (i * 13 % 251) as u8).collect();
+        let mut header = |page: usize, flags: u16, overflow: u32| {
+            let at = page * ps;
+            data[at..at + 8].copy_from_slice(&(page as u64).to_le_bytes());
+            data[at + 8..at + 10].copy_from_slice(&flags.to_le_bytes());
+            data[at + 12..at + 16].copy_from_slice(&overflow.to_le_bytes());
+        };
+        header(0, super::super::bbolt::FLAG_META, 0);
+        header(2, super::super::bbolt::FLAG_LEAF, 40);
+        header(60, super::super::bbolt::FLAG_LEAF, 3);
+        data[16..20].copy_from_slice(&super::super::bbolt::MAGIC.to_le_bytes());
+        data[24..28].copy_from_slice(&(ps as u32).to_le_bytes());
+        data
+    }
+
+    #[test]
+    fn bulk_goes_direct_and_the_file_is_the_stream() {
+        let data = bulky_stream();
+        let dir = tempfile_dir("direct");
+        let path = dir.join("x");
+        for splits in [&[65_536usize][..], &[1000, 70_000, 3], &[data.len()]] {
+            let file = File::create(&path).unwrap();
+            let direct = direct::open(&path, true);
+            let supported = direct.is_some();
+            let mut sink = Sink::new(file, direct);
+            let mut at = 0;
+            let mut i = 0;
+            while at < data.len() {
+                let n = splits[i % splits.len()].min(data.len() - at);
+                sink.write(&data[at..at + n]).unwrap();
+                at += n;
+                i += 1;
+            }
+            sink.finish().unwrap();
+            assert_eq!(fs::read(&path).unwrap(), data, "splits {splits:?}");
+            if supported {
+                // The 40 overflow pages of page 2, not the short run.
+                assert_eq!(sink.direct_written, 40 * 4096, "splits {splits:?}");
+            } else {
+                eprintln!(
+                    "no direct I/O in {}: only the fallback was checked",
+                    dir.display()
+                );
+                assert_eq!(sink.direct_written, 0);
+            }
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn tempfile_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("talos-{name}-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     #[test]

@@ -239,8 +239,8 @@ impl Checker<'_> {
         depth: usize,
         buf: &mut Vec<u8>,
     ) -> Result<(), BboltError> {
-        let len = self.db.read_run(id, buf).map_err(|e| self.locate(e))?;
-        let buf = &buf[..len];
+        let run = self.db.read_run(id, buf).map_err(|e| self.locate(e))?;
+        let buf = &buf[run];
         let overflow = u64::from(le32(buf, 12));
         for page in id..=id + overflow {
             if !self.reachable.insert(page) {

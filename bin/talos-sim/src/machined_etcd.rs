@@ -269,62 +269,81 @@ pub(crate) async fn forfeit_leadership(node: &Node, shared: &Shared) -> Result<S
 }
 
 /// Streams the local member's snapshot (etcd's bytes with its sha256
-/// trailer) re-cut into [`SNAPSHOT_CHUNK`]-byte messages. A bounded channel
-/// paces etcd to the client; it carries the messages of one etcd chunk at
-/// a time, not one message per hand-off between tasks.
+/// trailer) re-cut into [`SNAPSHOT_CHUNK`]-byte messages, read from etcd
+/// as the client takes them: HTTP/2 flow control paces etcd to the client,
+/// with no task or channel in between.
 pub(crate) async fn snapshot(
     node: &Node,
 ) -> Result<impl futures::Stream<Item = Result<common::Data, Status>> + Send + 'static, Status> {
     let (client, url) = node.local_etcd("etcd snapshot").await?;
-    let mut upstream = client
+    let upstream = client
         .snapshot(&url)
         .await
         .map_err(etcd_wrapped("failed reading etcd snapshot"))?;
-    let mut fault = node.take_snapshot_fault();
-    let name = node.name.clone();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<common::Data>>(8);
-    tokio::spawn(async move {
-        // A read error ends the stream early with status OK: upstream's
-        // chunker (pkg/chunker/stream) logs it and closes the channel, and
-        // the handler returns nil. The client sees a short snapshot.
-        let read_error = |error: &str| {
-            tracing::warn!(node = %name, %error, "snapshot read error: ending the stream");
-        };
-        while let Some(item) = upstream.next().await {
-            let blob: Bytes = match item {
-                Ok(response) => response.blob,
-                Err(status) => return read_error(status.message()),
-            };
-            let mut messages = Vec::with_capacity(blob.len().div_ceil(SNAPSHOT_CHUNK));
-            let mut offset = 0;
-            let mut failed = false;
-            while offset < blob.len() {
-                let mut end = (offset + SNAPSHOT_CHUNK).min(blob.len());
-                if let Some(left) = fault.as_mut() {
-                    if *left == 0 {
-                        failed = true;
-                        break;
-                    }
-                    end = end.min(offset + *left as usize);
-                    *left -= (end - offset) as u64;
-                }
-                messages.push(common::Data {
-                    metadata: None,
-                    bytes: blob.slice(offset..end),
-                });
-                offset = end;
-            }
-            // What was cut before a simulated read error still goes out.
-            if !messages.is_empty() && tx.send(messages).await.is_err() {
-                return; // the client went away
-            }
-            if failed {
-                return read_error("simulated read error");
-            }
-        }
+    let relay = Relay {
+        upstream,
+        fault: node.take_snapshot_fault(),
+        node: node.name.clone(),
+        ended: false,
+    };
+    let batches = futures::stream::unfold(relay, |mut relay| async move {
+        let messages = relay.next().await?;
+        Some((messages, relay))
     });
-    Ok(tokio_stream::wrappers::ReceiverStream::new(rx)
-        .flat_map(|messages| futures::stream::iter(messages.into_iter().map(Ok))))
+    Ok(batches.flat_map(|messages| futures::stream::iter(messages.into_iter().map(Ok))))
+}
+
+/// etcd's snapshot stream, cut into Talos's messages.
+struct Relay {
+    upstream: tonic::Streaming<pb::SnapshotResponse>,
+    /// Bytes left before a simulated read error.
+    fault: Option<u64>,
+    node: String,
+    ended: bool,
+}
+
+impl Relay {
+    /// The messages of etcd's next chunk; `None` at the end. A read error
+    /// ends the stream early with status OK: upstream's chunker
+    /// (pkg/chunker/stream) logs it and closes its channel, and the handler
+    /// returns nil. The client sees a short snapshot.
+    async fn next(&mut self) -> Option<Vec<common::Data>> {
+        if self.ended {
+            return None;
+        }
+        let blob: Bytes = match self.upstream.next().await? {
+            Ok(response) => response.blob,
+            Err(status) => {
+                self.read_error(status.message());
+                return None;
+            }
+        };
+        let mut messages = Vec::with_capacity(blob.len().div_ceil(SNAPSHOT_CHUNK));
+        let mut offset = 0;
+        while offset < blob.len() {
+            let mut end = (offset + SNAPSHOT_CHUNK).min(blob.len());
+            if let Some(left) = self.fault.as_mut() {
+                if *left == 0 {
+                    // What was cut before the error still goes out.
+                    self.read_error("simulated read error");
+                    break;
+                }
+                end = end.min(offset + *left as usize);
+                *left -= (end - offset) as u64;
+            }
+            messages.push(common::Data {
+                metadata: None,
+                bytes: blob.slice(offset..end),
+            });
+            offset = end;
+        }
+        Some(messages)
+    }
+
+    fn read_error(&mut self, error: &str) {
+        tracing::warn!(node = %self.node, %error, "snapshot read error: ending the stream");
+        self.ended = true;
+    }
 }
 
 fn to_alarms(alarms: Vec<pb::AlarmMember>) -> Vec<machine::EtcdMemberAlarm> {

@@ -340,18 +340,22 @@ impl Sink {
         if self.direct.is_none() {
             return self.file.write_all_at(data, at);
         }
-        while !data.is_empty() {
-            let (len, bulk) = self.layout.next_segment(data);
-            let (segment, rest) = data.split_at(len);
-            if bulk {
-                self.stage_bulk(segment, at)?;
-            } else {
-                self.file.write_all_at(segment, at)?;
+        // Consecutive pages that are not bulk go out in one write.
+        let mut plain = 0;
+        while plain < data.len() {
+            let (len, bulk) = self.layout.next_segment(&data[plain..]);
+            if !bulk {
+                plain += len;
+                continue;
             }
+            self.file.write_all_at(&data[..plain], at)?;
+            at += plain as u64;
+            self.stage_bulk(&data[plain..plain + len], at)?;
             at += len as u64;
-            data = rest;
+            data = &data[plain + len..];
+            plain = 0;
         }
-        Ok(())
+        self.file.write_all_at(data, at)
     }
 
     fn stage_bulk(&mut self, mut data: &[u8], mut at: u64) -> io::Result<()> {

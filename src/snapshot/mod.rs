@@ -12,6 +12,10 @@
 //! ([`status::status`]). A JSON sidecar records the facts. [`verify_file`]
 //! runs the same checks on a file already on disk.
 //!
+//! The long overflow runs of big values are written and read back around
+//! the page cache (`O_DIRECT` on Linux), the rest through it; see the
+//! `direct` module.
+//!
 //! - [`bbolt`]: a read-only bbolt reader using positioned reads (no mmap);
 //! - [`status`]: etcd's snapshot status (hash, revision, key counts, size) as
 //!   talosctl computes it with etcd 3.6's `etcdutl`, with etcd 3.4's key

@@ -24,6 +24,7 @@ fn main() -> io::Result<()> {
         .extern_path(".google.rpc", "::talos_client::api::google::rpc")
         // A server implements only the calls it serves.
         .generate_default_stubs(true)
+        .codec_path("crate::api::SimCodec")
         .include_file("talos_server.rs")
         .compile_fds(talos)?;
 

@@ -33,7 +33,7 @@ pub(crate) const EAGER: usize = 64 * 1024;
 
 /// Room for one more DATA frame's payloads beyond [`BATCH`], so that a batch
 /// is filled without growing (and copying) it.
-const SLACK: usize = 64 * 1024;
+const SLACK: usize = super::transport::MAX_FRAME_SIZE as usize;
 
 /// gRPC's message prefix: compression flag and big-endian length.
 const PREFIX: usize = 5;

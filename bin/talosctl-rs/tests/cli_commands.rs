@@ -3,7 +3,7 @@
 
 use talos_test_support as common;
 
-use common::cli::{run, run_bare};
+use common::cli::{etcd_members_json, run, run_bare};
 use common::sim::SimCluster;
 use talos_client::config::{Context, TalosConfig};
 use talos_sim::pki::{Ca, LeafSpec};
@@ -368,10 +368,7 @@ async fn reset_guards_quorum_and_waits_for_power_off() {
     );
     let down = run(&tc, &["-n", &n3, "version"]).await;
     assert_eq!(down.code, 1);
-    let members = run(&tc, &["-o", "json", "etcd", "members"])
-        .await
-        .ok()
-        .json();
+    let members = etcd_members_json(&tc).await;
     assert_eq!(
         members[0]["result"].as_array().unwrap().len(),
         2,

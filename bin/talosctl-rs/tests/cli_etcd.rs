@@ -2,7 +2,7 @@
 
 use talos_test_support as common;
 
-use common::cli::run;
+use common::cli::{etcd_members_json, run};
 use common::sim::SimCluster;
 
 fn is_member_id(v: &serde_json::Value) -> bool {
@@ -121,10 +121,7 @@ async fn forfeit_leave_and_remove_member() {
     assert!(refused.stderr.contains("not supported with multiple nodes"));
 
     run(&tc, &["-n", &sim.ip(3), "etcd", "leave"]).await.ok();
-    let members = run(&tc, &["-o", "json", "etcd", "members"])
-        .await
-        .ok()
-        .json();
+    let members = etcd_members_json(&tc).await;
     assert_eq!(members[0]["result"].as_array().unwrap().len(), 2);
 }
 

@@ -93,3 +93,21 @@ pub async fn run_bare(home: &Path, args: &[&str]) -> Run {
         .expect("the CLI runs");
     Run::from(output)
 }
+
+/// `-o json etcd members`, asked again while etcd has no leader: when the
+/// member that leaves is the leader, the others are leaderless until they
+/// elect one (an election timeout or so), and etcd answers "no leader".
+pub async fn etcd_members_json(talosconfig: &Path) -> serde_json::Value {
+    crate::sim::wait_for(
+        "etcd members with a leader",
+        std::time::Duration::from_secs(30),
+        || async {
+            let members = run(talosconfig, &["-o", "json", "etcd", "members"]).await;
+            if members.code != 0 && members.stdout.contains("etcdserver: no leader") {
+                return None;
+            }
+            Some(members.ok().json())
+        },
+    )
+    .await
+}

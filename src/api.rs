@@ -9,25 +9,31 @@
 
 include!(concat!(env!("OUT_DIR"), "/talos_api.rs"));
 
-/// The stubs' codec: prost, with a 1 KiB first buffer per call instead of
-/// tonic's 8 KiB. Talos answers are mostly a few hundred bytes, and a
-/// fan-out holds one encode and one decode buffer per node at once; larger
-/// messages grow the buffer as they arrive.
+/// A prost codec whose buffers start at `INITIAL` bytes and are yielded
+/// to HTTP/2 once they hold `YIELD` bytes (tonic's defaults: 8 KiB and
+/// 32 KiB). Larger messages grow the buffer as they arrive.
 #[doc(hidden)]
 #[derive(Debug)]
-pub struct TalosCodec<T, U>(std::marker::PhantomData<(T, U)>);
+pub struct BufferedCodec<T, U, const INITIAL: usize, const YIELD: usize>(
+    std::marker::PhantomData<(T, U)>,
+);
 
-impl<T, U> Default for TalosCodec<T, U> {
+/// The stubs' codec: a 1 KiB first buffer per call instead of tonic's
+/// 8 KiB. Talos answers are mostly a few hundred bytes, and a fan-out holds
+/// one encode and one decode buffer per node at once.
+#[doc(hidden)]
+pub type TalosCodec<T, U> = BufferedCodec<T, U, 1024, { 32 * 1024 }>;
+
+impl<T, U, const INITIAL: usize, const YIELD: usize> Default
+    for BufferedCodec<T, U, INITIAL, YIELD>
+{
     fn default() -> Self {
-        TalosCodec(std::marker::PhantomData)
+        BufferedCodec(std::marker::PhantomData)
     }
 }
 
-fn codec_buffers() -> tonic::codec::BufferSettings {
-    tonic::codec::BufferSettings::new(1024, 32 * 1024)
-}
-
-impl<T, U> tonic::codec::Codec for TalosCodec<T, U>
+impl<T, U, const INITIAL: usize, const YIELD: usize> tonic::codec::Codec
+    for BufferedCodec<T, U, INITIAL, YIELD>
 where
     T: prost::Message + Send + 'static,
     U: prost::Message + Default + Send + 'static,
@@ -38,10 +44,12 @@ where
     type Decoder = tonic_prost::ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        tonic_prost::ProstCodec::<T, U>::raw_encoder(codec_buffers())
+        let buffers = tonic::codec::BufferSettings::new(INITIAL, YIELD);
+        tonic_prost::ProstCodec::<T, U>::raw_encoder(buffers)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        tonic_prost::ProstCodec::<T, U>::raw_decoder(codec_buffers())
+        let buffers = tonic::codec::BufferSettings::new(INITIAL, YIELD);
+        tonic_prost::ProstCodec::<T, U>::raw_decoder(buffers)
     }
 }

@@ -15,7 +15,7 @@
 //! read them back from the file, and a file system that refuses direct I/O
 //! gets every byte through the page cache.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -36,6 +36,7 @@ pub(crate) const DIRECT_MIN: u64 = 64 * 1024;
 pub(crate) fn open(path: &Path, write: bool) -> Option<File> {
     #[cfg(target_os = "linux")]
     {
+        use std::fs::OpenOptions;
         use std::os::unix::fs::OpenOptionsExt;
         OpenOptions::new()
             .read(!write)
@@ -46,7 +47,7 @@ pub(crate) fn open(path: &Path, write: bool) -> Option<File> {
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = (path, write, OpenOptions::new());
+        let _ = (path, write);
         None
     }
 }

@@ -3,8 +3,7 @@
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -491,8 +490,7 @@ mod tests {
     #[test]
     fn sink_hashes_all_but_the_last_32_bytes() {
         let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let dir = std::env::temp_dir().join(format!("talos-sink-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile_dir("sink");
         // Odd split sizes, including ones below 32 bytes.
         for splits in [
             &[1usize, 31, 2, 33, 100][..],
@@ -501,14 +499,7 @@ mod tests {
             &[4968, 1],
         ] {
             let mut sink = Sink::new(File::create(dir.join("x")).unwrap(), None);
-            let mut at = 0;
-            let mut i = 0;
-            while at < data.len() {
-                let n = splits[i % splits.len()].min(data.len() - at);
-                sink.write(&data[at..at + n]).unwrap();
-                at += n;
-                i += 1;
-            }
+            feed(&mut sink, &data, splits);
             let cut = data.len() - 32;
             assert_eq!(sink.lag_len, 32);
             assert_eq!(&sink.lag[..], &data[cut..]);
@@ -549,14 +540,7 @@ mod tests {
             let direct = direct::open(&path, true);
             let supported = direct.is_some();
             let mut sink = Sink::new(file, direct);
-            let mut at = 0;
-            let mut i = 0;
-            while at < data.len() {
-                let n = splits[i % splits.len()].min(data.len() - at);
-                sink.write(&data[at..at + n]).unwrap();
-                at += n;
-                i += 1;
-            }
+            feed(&mut sink, &data, splits);
             sink.finish().unwrap();
             assert_eq!(fs::read(&path).unwrap(), data, "splits {splits:?}");
             if supported {
@@ -571,6 +555,19 @@ mod tests {
             }
         }
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Writes `data` to `sink` in pieces of the sizes in `splits` (cycled).
+    fn feed(sink: &mut Sink, data: &[u8], splits: &[usize]) {
+        let mut at = 0;
+        for &n in splits.iter().cycle() {
+            if at == data.len() {
+                break;
+            }
+            let n = n.min(data.len() - at);
+            sink.write(&data[at..at + n]).unwrap();
+            at += n;
+        }
     }
 
     fn tempfile_dir(name: &str) -> PathBuf {

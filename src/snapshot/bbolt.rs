@@ -41,10 +41,10 @@ mod error;
 mod page;
 
 pub use check::CheckSummary;
-pub(crate) use check::Visit;
+pub(crate) use check::{Value, Visit};
 pub use error::{BboltError, Corruption, MetaProblem};
 
-use super::direct;
+use super::direct::{self, BulkSums};
 use page::{Node, PageSet, corrupt, fnv1a64, le16, le32, le64, unexpected};
 
 /// The magic number of a bbolt meta page.
@@ -164,6 +164,9 @@ pub struct Db {
     pub(crate) direct: Option<File>,
     /// Set once the file system refuses a direct read.
     direct_refused: AtomicBool,
+    /// The CRC of bulk ranges as they were written: the check leaves those
+    /// bytes unread where it only needs their CRC.
+    pub(crate) sums: BulkSums,
 }
 
 impl Db {
@@ -195,6 +198,7 @@ impl Db {
             len,
             direct: None,
             direct_refused: AtomicBool::new(false),
+            sums: BulkSums::default(),
             meta: Meta {
                 page: 0,
                 page_size: 0,
@@ -361,6 +365,96 @@ impl Db {
     /// returns where in `buf` the run is. `buf` only grows: reused for every
     /// page, it is neither allocated nor zeroed again.
     pub(crate) fn read_run(&self, id: u64, buf: &mut Vec<u8>) -> Result<Range<usize>, BboltError> {
+        let run = self.read_first_page(id, buf)?;
+        self.read_continuation(id, buf, run)
+    }
+
+    /// Like [`Db::read_run`], but leaves out the parts of the run that
+    /// [`Db::sums`] has the CRC of, listed in `holes` (run-relative, in
+    /// order): they hold whatever `buf` held before. Fill them with
+    /// [`Db::fill_hole`] to look into them.
+    pub(crate) fn read_run_sparse(
+        &self,
+        id: u64,
+        buf: &mut Vec<u8>,
+        holes: &mut Vec<Hole>,
+    ) -> Result<Range<usize>, BboltError> {
+        holes.clear();
+        let run = self.read_first_page(id, buf)?;
+        let page_size = self.meta.page_size as usize;
+        let offset = self.offset(id);
+        if run > 2 * page_size {
+            let middle = offset + page_size as u64..offset + (run - page_size) as u64;
+            holes.extend(self.sums.within(&middle).map(|(range, crc)| Hole {
+                range: (range.start - offset) as usize..(range.end - offset) as usize,
+                crc,
+                offset,
+            }));
+        }
+        if holes.is_empty() {
+            return self.read_continuation(id, buf, run);
+        }
+        // The run goes to an aligned address, so that the parts around the
+        // holes can be read direct.
+        grow(buf, run + direct::ALIGN);
+        let start = direct::aligned_start(buf);
+        buf.copy_within(..page_size, start);
+        let bytes = &mut buf[start..start + run];
+        let mut at = page_size;
+        for hole in holes.iter() {
+            self.read_bulk(offset + at as u64, &mut bytes[at..hole.range.start])?;
+            at = hole.range.end;
+        }
+        let last = run - page_size;
+        self.read_bulk(offset + at as u64, &mut bytes[at..last])?;
+        // The last page was written through the page cache.
+        self.read_at(offset + last as u64, &mut bytes[last..])?;
+        Ok(start..start + run)
+    }
+
+    /// Reads a part of a run that [`Db::read_run_sparse`] left out; `run`
+    /// is the run's bytes.
+    pub(crate) fn fill_hole(&self, hole: &Hole, run: &mut [u8]) -> Result<(), BboltError> {
+        let range = hole.range.clone();
+        self.read_bulk(hole.offset + range.start as u64, &mut run[range])
+    }
+
+    /// Reads bulk bytes at `offset`: direct when the file is open for it
+    /// and the request is aligned, else through the page cache.
+    fn read_bulk(&self, offset: u64, bytes: &mut [u8]) -> Result<(), BboltError> {
+        let aligned = |n: usize| n.is_multiple_of(direct::ALIGN);
+        if let Some(direct) = &self.direct
+            && !self.direct_refused.load(Ordering::Relaxed)
+            && !bytes.is_empty()
+            && aligned(bytes.len())
+            && aligned(bytes.as_ptr().addr())
+            && offset.is_multiple_of(direct::ALIGN as u64)
+        {
+            match direct.read_exact_at(bytes, offset) {
+                Ok(()) => return Ok(()),
+                Err(e) if direct::refused(&e) => self.direct_refused.store(true, Ordering::Relaxed),
+                Err(source) => return Err(BboltError::Io { offset, source }),
+            }
+        }
+        self.read_at(offset, bytes)
+    }
+
+    /// Reads the bytes of `value` from the file into `buf`.
+    pub(crate) fn read_value<'b>(
+        &self,
+        value: &Value<'_>,
+        buf: &'b mut Vec<u8>,
+    ) -> Result<&'b [u8], BboltError> {
+        grow(buf, value.len());
+        let bytes = &mut buf[..value.len()];
+        self.read_at(value.offset(), bytes)?;
+        Ok(bytes)
+    }
+
+    /// Reads the first page of page `id`'s run into `buf` and checks that
+    /// the run lies below the high-water mark (and so within the file);
+    /// returns the run's length.
+    fn read_first_page(&self, id: u64, buf: &mut Vec<u8>) -> Result<usize, BboltError> {
         let high_water = self.meta.high_water;
         if id >= high_water {
             return Err(corrupt(
@@ -383,13 +477,25 @@ impl Db {
         if last >= high_water {
             return Err(corrupt(id, Corruption::OutOfBounds { last, high_water }));
         }
-        if overflow == 0 {
-            return Ok(0..page_size);
-        }
         // The run is below the high-water mark, so within the length
         // checked at open time: the allocation is bounded by the file.
-        let run = usize::try_from((overflow + 1) * u64::from(self.meta.page_size))
-            .map_err(|_| corrupt(id, Corruption::OutOfBounds { last, high_water }))?;
+        usize::try_from((overflow + 1) * u64::from(self.meta.page_size))
+            .map_err(|_| corrupt(id, Corruption::OutOfBounds { last, high_water }))
+    }
+
+    /// Reads the rest of the run of `run` bytes whose first page is in
+    /// `buf` (from [`Db::read_first_page`]); returns where in `buf` the run
+    /// is.
+    fn read_continuation(
+        &self,
+        id: u64,
+        buf: &mut Vec<u8>,
+        run: usize,
+    ) -> Result<Range<usize>, BboltError> {
+        let page_size = self.meta.page_size as usize;
+        if run == page_size {
+            return Ok(0..page_size);
+        }
         let rest = self.offset(id + 1);
         if let Some(direct) = self.direct_for(run - page_size) {
             // The continuation goes to an aligned address (page sizes are
@@ -552,6 +658,17 @@ fn parse_meta(m: &[u8]) -> Result<Meta, MetaProblem> {
         high_water: le64(m, 40),
         txid: le64(m, 48),
     })
+}
+
+/// A part of a run that [`Db::read_run_sparse`] did not read.
+#[derive(Debug, Clone)]
+pub(crate) struct Hole {
+    /// Where in the run.
+    pub(crate) range: Range<usize>,
+    /// The CRC-32C of the bytes there.
+    pub(crate) crc: u32,
+    /// The file offset of the run.
+    pub(crate) offset: u64,
 }
 
 /// Makes `buf` at least `len` long; only the added bytes are zeroed.

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::Hex;
-use super::bbolt::{BboltError, Corruption, Db, Entry, Visit};
+use super::bbolt::{BboltError, Corruption, Db, Entry, Value, Visit};
 
 /// etcd's summary of a snapshot (`etcdutl snapshot status`), with etcd
 /// 3.4's key count alongside.
@@ -108,10 +108,10 @@ pub fn status(db: &Db) -> Result<Status, StatusError> {
         db.for_each(&bucket, |key, entry| {
             // A nested bucket has no value (Go's ForEach passes nil).
             let value = match entry {
-                Entry::Value(value) => Some(value),
+                Entry::Value(value) => Some(Value::whole(value)),
                 Entry::Bucket(_) => None,
             };
-            tally.entry(key, value);
+            tally.entry(key, value, db);
             tally.error.take().map_or(Ok(()), Err)
         })
     })?;
@@ -124,7 +124,7 @@ pub(crate) fn checked_status(db: &Db) -> Result<Status, super::CheckFailure> {
     let mut tally = Tally::default();
     let mut visit = |visit: Visit<'_>| match visit {
         Visit::Bucket(name) => tally.bucket(name),
-        Visit::Entry(key, value) => tally.entry(key, value),
+        Visit::Entry(key, value) => tally.entry(key, value, db),
         Visit::RootValue { page } => tally.fail(StatusError::Db(BboltError::Corrupt {
             page,
             bucket: String::new(),
@@ -157,12 +157,14 @@ impl Tally {
         self.in_key_bucket = name == KEY_BUCKET;
     }
 
-    fn entry(&mut self, key: &[u8], value: Option<&[u8]>) {
-        let value = value.unwrap_or_default();
+    /// An entry; `db` reads what the check left unread, should it be
+    /// needed.
+    fn entry(&mut self, key: &[u8], value: Option<Value<'_>>, db: &Db) {
+        let value = value.unwrap_or(Value::whole(&[]));
         self.hash = crc32c::crc32c_append(self.hash, key);
-        self.hash = crc32c::crc32c_append(self.hash, value);
+        self.hash = value.crc32c_append(self.hash);
         if self.in_key_bucket && self.error.is_none() {
-            match self.live.record(key, value) {
+            match self.live.record(key, &value, Some(db)) {
                 Ok(revision) => self.revision = revision,
                 Err(e) => self.fail(e),
             }
@@ -193,17 +195,38 @@ impl Tally {
 #[derive(Default)]
 struct LiveKeys {
     digests: HashSet<[u8; 16]>,
+    /// A value read whole, when its user key lies in a part the check left
+    /// unread.
+    scratch: Vec<u8>,
 }
 
 impl LiveKeys {
-    /// Records one entry of bucket `key`; returns its main revision.
-    fn record(&mut self, revision: &[u8], value: &[u8]) -> Result<i64, StatusError> {
+    /// Records one entry of bucket `key`; returns its main revision. `db`
+    /// reads the value again when its key lies in a part left unread.
+    fn record(
+        &mut self,
+        revision: &[u8],
+        value: &Value<'_>,
+        db: Option<&Db>,
+    ) -> Result<i64, StatusError> {
         let (main, tombstone) = parse_revision(revision)?;
-        let user_key = key_value_key(value).map_err(|problem| StatusError::KeyValue {
+        let invalid = |problem| StatusError::KeyValue {
             key: Hex(revision).to_string(),
             problem,
-        })?;
-        let digest = digest(user_key);
+        };
+        let digest = match key_value_key(value) {
+            Ok(key) => digest(key),
+            Err(Problem::Invalid(problem)) => return Err(invalid(problem)),
+            Err(Problem::Unread) => {
+                let db = db.ok_or_else(|| invalid("part of the value was not read"))?;
+                let bytes = db.read_value(value, &mut self.scratch)?;
+                match key_value_key(&Value::whole(bytes)) {
+                    Ok(key) => digest(key),
+                    Err(Problem::Invalid(problem)) => return Err(invalid(problem)),
+                    Err(Problem::Unread) => unreachable!("a whole value has no unread part"),
+                }
+            }
+        };
         if tombstone {
             self.digests.remove(&digest);
         } else {
@@ -255,22 +278,42 @@ fn parse_revision(key: &[u8]) -> Result<(i64, bool), StatusError> {
     ))
 }
 
+/// Why [`key_value_key`] found no key.
+#[derive(Debug, PartialEq, Eq)]
+enum Problem {
+    /// The value is not a KeyValue.
+    Invalid(&'static str),
+    /// The walk needs bytes of the value that were not read.
+    Unread,
+}
+
 /// The user key (field 1) of an `mvccpb.KeyValue`, validating the encoding
 /// as the generated Go decoder does: every field well formed, the known
 /// fields (1 key, 2 create_revision, 3 mod_revision, 4 version, 5 value,
 /// 6 lease) of their declared wire type, unknown fields skipped. A repeated
 /// field 1 counts by its last occurrence; without one the key is empty.
-fn key_value_key(mut buf: &[u8]) -> Result<&[u8], &'static str> {
+///
+/// Fields of known length are stepped over without being looked at, so a
+/// part of the value left unread (inside field 5, typically) does not
+/// matter unless a tag, a length or the key lies in it.
+fn key_value_key<'v>(value: &Value<'v>) -> Result<&'v [u8], Problem> {
     const VARINT: u64 = 0;
     const FIXED64: u64 = 1;
     const LEN: u64 = 2;
     const FIXED32: u64 = 5;
-    let mut key: &[u8] = &[];
-    while !buf.is_empty() {
-        let tag = read_varint(&mut buf)?;
+    let len = value.len();
+    let mut at = 0;
+    let mut key = 0..0;
+    let skip = |at: usize, n: usize| {
+        at.checked_add(n)
+            .filter(|&end| end <= len)
+            .ok_or(Problem::Invalid("truncated field"))
+    };
+    while at < len {
+        let tag = read_varint(value, &mut at)?;
         let (field, wire) = (tag >> 3, tag & 7);
         if field == 0 {
-            return Err("field number 0");
+            return Err(Problem::Invalid("field number 0"));
         }
         let expected = match field {
             1 | 5 => Some(LEN),
@@ -278,48 +321,46 @@ fn key_value_key(mut buf: &[u8]) -> Result<&[u8], &'static str> {
             _ => None,
         };
         if expected.is_some_and(|expected| expected != wire) {
-            return Err("a known field has the wrong wire type");
+            return Err(Problem::Invalid("a known field has the wrong wire type"));
         }
         match wire {
             VARINT => {
-                read_varint(&mut buf)?;
+                read_varint(value, &mut at)?;
             }
-            FIXED64 => buf = skip(buf, 8)?,
-            FIXED32 => buf = skip(buf, 4)?,
+            FIXED64 => at = skip(at, 8)?,
+            FIXED32 => at = skip(at, 4)?,
             LEN => {
-                let len = read_varint(&mut buf)?;
-                let len = usize::try_from(len).map_err(|_| "field length out of range")?;
-                let (bytes, rest) = buf.split_at_checked(len).ok_or("truncated field")?;
+                let n = read_varint(value, &mut at)?;
+                let n = usize::try_from(n)
+                    .map_err(|_| Problem::Invalid("field length out of range"))?;
+                let end = skip(at, n)?;
                 if field == 1 {
-                    key = bytes;
+                    key = at..end;
                 }
-                buf = rest;
+                at = end;
             }
             // Groups (3, 4) are not in the message's schema; 6, 7 do not exist.
-            _ => return Err("unsupported wire type"),
+            _ => return Err(Problem::Invalid("unsupported wire type")),
         }
     }
-    Ok(key)
+    value.get(key).ok_or(Problem::Unread)
 }
 
-fn skip(buf: &[u8], n: usize) -> Result<&[u8], &'static str> {
-    buf.get(n..).ok_or("truncated field")
-}
-
-fn read_varint(buf: &mut &[u8]) -> Result<u64, &'static str> {
-    let mut value = 0u64;
-    for (i, &byte) in buf.iter().enumerate().take(10) {
-        value |= u64::from(byte & 0x7f) << (7 * i);
+/// Reads the varint at `at` of `value`, moving `at` past it.
+fn read_varint(value: &Value<'_>, at: &mut usize) -> Result<u64, Problem> {
+    let mut result = 0u64;
+    for i in 0..10 {
+        if *at >= value.len() {
+            return Err(Problem::Invalid("truncated varint"));
+        }
+        let byte = value.get(*at..*at + 1).ok_or(Problem::Unread)?[0];
+        *at += 1;
+        result |= u64::from(byte & 0x7f) << (7 * i);
         if byte & 0x80 == 0 {
-            *buf = &buf[i + 1..];
-            return Ok(value);
+            return Ok(result);
         }
     }
-    if buf.len() >= 10 {
-        Err("varint longer than 10 bytes")
-    } else {
-        Err("truncated varint")
-    }
+    Err(Problem::Invalid("varint longer than 10 bytes"))
 }
 
 #[cfg(test)]
@@ -373,7 +414,8 @@ mod tests {
             let got = live
                 .record(
                     &revision(main, 0, *delete),
-                    &key_value(key.as_bytes(), main, value),
+                    &Value::whole(&key_value(key.as_bytes(), main, value)),
+                    None,
                 )
                 .unwrap();
             assert_eq!(got, main);
@@ -428,18 +470,22 @@ mod tests {
         ));
     }
 
+    fn kv_key(bytes: &[u8]) -> Result<&[u8], Problem> {
+        key_value_key(&Value::whole(bytes))
+    }
+
     #[test]
     fn key_value_decoding_finds_the_key_and_refuses_garbage() {
         let kv = key_value(b"/registry/pods/x", 5, b"value");
-        assert_eq!(key_value_key(&kv).unwrap(), b"/registry/pods/x");
+        assert_eq!(kv_key(&kv).unwrap(), b"/registry/pods/x");
         // Unknown fields of every wire type are skipped; fields may come in
         // any order; the last key wins.
         let mut mixed = vec![0x30, 0x96, 0x01]; // lease 150
         mixed.extend_from_slice(&[0x39, 1, 2, 3, 4, 5, 6, 7, 8]); // 7: fixed64
         mixed.extend_from_slice(&[0x45, 1, 2, 3, 4]); // 8: fixed32
         mixed.extend_from_slice(&[0x0a, 1, b'a', 0x4a, 2, b'z', b'z', 0x0a, 1, b'b']);
-        assert_eq!(key_value_key(&mixed).unwrap(), b"b");
-        assert_eq!(key_value_key(&[]).unwrap(), b"");
+        assert_eq!(kv_key(&mixed).unwrap(), b"b");
+        assert_eq!(kv_key(&[]).unwrap(), b"");
 
         for garbage in [
             &[0x0a][..],         // truncated length
@@ -455,14 +501,57 @@ mod tests {
             ],
             b"not a protobuf at all",
         ] {
-            assert!(key_value_key(garbage).is_err(), "{garbage:x?}");
+            assert!(
+                matches!(kv_key(garbage), Err(Problem::Invalid(_))),
+                "{garbage:x?}"
+            );
         }
+    }
+
+    #[test]
+    fn a_value_partly_unread_hashes_and_decodes_as_the_whole() {
+        // key "/k", a 5,000-byte value (field 5), lease 5.
+        let mut kv = vec![0x0a, 2, b'/', b'k', 0x2a, 0x88, 0x27];
+        kv.extend((0..5000u32).map(|i| (i % 253) as u8));
+        kv.extend_from_slice(&[0x30, 5]);
+        let whole = Value::whole(&kv);
+        let part = |range: std::ops::Range<usize>| {
+            let crc = crc32c::crc32c(&kv[range.clone()]);
+            Value::with_unread(&kv, range, crc)
+        };
+        // Inside field 5: the walk steps over it.
+        let inside = part(100..4100);
+        assert_eq!(inside.crc32c_append(7), whole.crc32c_append(7));
+        assert_eq!(inside.crc32c_append(7), crc32c::crc32c_append(7, &kv));
+        assert_eq!(key_value_key(&inside), Ok(&b"/k"[..]));
+        // Over the key, a tag or a length: the walk needs the bytes.
+        assert_eq!(key_value_key(&part(2..4000)), Err(Problem::Unread));
+        assert_eq!(key_value_key(&part(4000..kv.len())), Err(Problem::Unread));
+        assert_eq!(key_value_key(&part(5..4000)), Err(Problem::Unread));
+        // A wrong CRC shows in the hash.
+        let wrong = Value::with_unread(&kv, 100..4100, 0);
+        assert_ne!(wrong.crc32c_append(7), whole.crc32c_append(7));
+        // Garbage is found before an unread part is needed.
+        let mut bad = kv.clone();
+        bad[0] = 0x08; // the key as a varint
+        let crc = crc32c::crc32c(&bad[100..4100]);
+        assert!(matches!(
+            key_value_key(&Value::with_unread(&bad, 100..4100, crc)),
+            Err(Problem::Invalid(_))
+        ));
+        // Without a database to read it from, an unread key is an error.
+        let error = LiveKeys::default()
+            .record(&revision(3, 0, false), &part(2..4000), None)
+            .unwrap_err();
+        assert!(error.to_string().contains("not read"), "{error}");
     }
 
     #[test]
     fn a_bad_value_in_the_key_bucket_is_an_error() {
         let mut live = LiveKeys::default();
-        let error = live.record(&revision(3, 0, false), &[0x0a, 9]).unwrap_err();
+        let error = live
+            .record(&revision(3, 0, false), &Value::whole(&[0x0a, 9]), None)
+            .unwrap_err();
         assert!(error.to_string().contains("not a KeyValue"), "{error}");
     }
 }

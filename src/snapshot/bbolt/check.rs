@@ -15,8 +15,10 @@
 //! their page, inline buckets are checked like the others, and freelist
 //! entries must be real pages.
 
+use std::ops::Range;
+
 use super::{
-    BboltError, Bucket, Corruption, Db, FLAG_BRANCH, FLAG_FREELIST, FLAG_LEAF, FLAG_META,
+    BboltError, Bucket, Corruption, Db, FLAG_BRANCH, FLAG_FREELIST, FLAG_LEAF, FLAG_META, Hole,
     MAX_DEPTH, NO_FREELIST, Node, PAGE_HEADER_SIZE, PageSet, corrupt, le16, le32, le64, unexpected,
 };
 
@@ -37,6 +39,81 @@ pub struct CheckSummary {
     pub freelist_stored: bool,
 }
 
+/// A value as the check shows it: its bytes, but for a part left unread
+/// whose CRC-32C stands for it (the middle of a long run, see
+/// [`Db::read_run_sparse`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Value<'a> {
+    /// The value's bytes; those in `unread` are not the file's.
+    bytes: &'a [u8],
+    /// The part not read, and its CRC.
+    unread: Option<(Range<usize>, u32)>,
+    /// The value's file offset (0 when it is not known: no part unread).
+    offset: u64,
+}
+
+impl<'a> Value<'a> {
+    /// A value read whole.
+    pub(crate) fn whole(bytes: &'a [u8]) -> Value<'a> {
+        Value {
+            bytes,
+            unread: None,
+            offset: 0,
+        }
+    }
+
+    /// A value whose bytes in `unread` were not read, their CRC-32C being
+    /// `crc`.
+    #[cfg(test)]
+    pub(crate) fn with_unread(bytes: &'a [u8], unread: Range<usize>, crc: u32) -> Value<'a> {
+        Value {
+            bytes,
+            unread: Some((unread, crc)),
+            offset: 0,
+        }
+    }
+
+    /// The part not read.
+    #[cfg(test)]
+    pub(crate) fn unread(&self) -> Option<Range<usize>> {
+        self.unread.as_ref().map(|(range, _)| range.clone())
+    }
+
+    /// Its length.
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Where it starts in the file (known for a value with a part unread).
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The bytes at `range`, when they were read (`None` also when `range`
+    /// lies past the end).
+    pub(crate) fn get(&self, range: Range<usize>) -> Option<&'a [u8]> {
+        if let Some((unread, _)) = &self.unread
+            && range.start < unread.end
+            && unread.start < range.end
+        {
+            return None;
+        }
+        self.bytes.get(range)
+    }
+
+    /// `crc` (a CRC-32C so far) extended by the value's bytes.
+    pub(crate) fn crc32c_append(&self, crc: u32) -> u32 {
+        match &self.unread {
+            None => crc32c::crc32c_append(crc, self.bytes),
+            Some((unread, unread_crc)) => {
+                let head = crc32c::crc32c_append(crc, &self.bytes[..unread.start]);
+                let joined = crc32c::crc32c_combine(head, *unread_crc, unread.len());
+                crc32c::crc32c_append(joined, &self.bytes[unread.end..])
+            }
+        }
+    }
+}
+
 /// How many freelist entries are read at a time.
 const FREELIST_BATCH: usize = 8192;
 
@@ -48,7 +125,7 @@ pub(crate) enum Visit<'k> {
     Bucket(&'k [u8]),
     /// An entry of the last top-level bucket: a value, or `None` for a
     /// nested bucket.
-    Entry(&'k [u8], Option<&'k [u8]>),
+    Entry(&'k [u8], Option<Value<'k>>),
     /// A top-level entry that is not a bucket, on page `page`.
     RootValue { page: u64 },
 }
@@ -75,6 +152,7 @@ impl Db {
             path: Vec::new(),
             buckets: 0,
             pool: Vec::new(),
+            holes: Vec::new(),
         };
         checker.reachable.insert(0);
         checker.reachable.insert(1);
@@ -122,6 +200,8 @@ struct Checker<'a> {
     buckets: u64,
     /// Read buffers, one per tree depth (see [`super::take_buffer`]).
     pool: Vec<Vec<u8>>,
+    /// The parts of the run being checked left unread.
+    holes: Vec<Hole>,
 }
 
 impl Checker<'_> {
@@ -239,8 +319,35 @@ impl Checker<'_> {
         depth: usize,
         buf: &mut Vec<u8>,
     ) -> Result<(), BboltError> {
-        let run = self.db.read_run(id, buf).map_err(|e| self.locate(e))?;
-        let buf = &buf[run];
+        let mut holes = std::mem::take(&mut self.holes);
+        let checked = self.check_run(id, min, max, depth, buf, &mut holes);
+        self.holes = holes;
+        checked
+    }
+
+    /// [`Checker::check_node`] with a vector for the holes of the run.
+    fn check_run(
+        &mut self,
+        id: u64,
+        min: Option<&[u8]>,
+        max: Option<&[u8]>,
+        depth: usize,
+        buf: &mut Vec<u8>,
+        holes: &mut Vec<Hole>,
+    ) -> Result<(), BboltError> {
+        let run = self
+            .db
+            .read_run_sparse(id, buf, holes)
+            .map_err(|e| self.locate(e))?;
+        let buf = &mut buf[run];
+        // Leave parts unread only when the walk needs nothing in them.
+        if !Node::parse(id, buf).is_ok_and(|node| node.leaf_skips(holes)) {
+            for hole in holes.iter() {
+                self.db.fill_hole(hole, buf).map_err(|e| self.locate(e))?;
+            }
+            holes.clear();
+        }
+        let buf = &*buf;
         let overflow = u64::from(le32(buf, 12));
         for page in id..=id + overflow {
             if !self.reachable.insert(page) {
@@ -270,16 +377,18 @@ impl Checker<'_> {
                 }
                 Ok(())
             }
-            FLAG_LEAF => self.check_leaf(&node, min, max, depth),
+            FLAG_LEAF => self.check_leaf(&node, holes, min, max, depth),
             flags => Err(self.locate(unexpected(id, "branch or leaf", flags))),
         }
     }
 
     /// Checks key order in a leaf (a page of a bucket or an inline bucket)
-    /// and checks the buckets it holds.
+    /// and checks the buckets it holds. `holes` are the parts of the page
+    /// left unread, which [`Node::leaf_skips`].
     fn check_leaf(
         &mut self,
         node: &Node<'_>,
+        holes: &[Hole],
         min: Option<&[u8]>,
         max: Option<&[u8]>,
         depth: usize,
@@ -288,6 +397,19 @@ impl Checker<'_> {
         for i in 0..node.count {
             let element = node.leaf(i).map_err(|e| self.locate(e))?;
             let key = element.key;
+            let value = || {
+                let mut value = Value::whole(element.value);
+                if let Ok((_, _, span)) = node.leaf_spans(i)
+                    && let Some(hole) = holes
+                        .iter()
+                        .find(|h| span.start <= h.range.start && span.end >= h.range.end)
+                {
+                    let start = hole.range.start - span.start;
+                    value.unread = Some((start..start + hole.range.len(), hole.crc));
+                    value.offset = hole.offset + span.start as u64;
+                }
+                value
+            };
             match previous {
                 None if min.is_some_and(|m| m > key) => {
                     return Err(self.order(node.page, i, key, "is below its ancestor's key"));
@@ -308,7 +430,7 @@ impl Checker<'_> {
                     (0, true) => visit(Visit::Bucket(key)),
                     (0, false) => visit(Visit::RootValue { page: node.page }),
                     (1, true) => visit(Visit::Entry(key, None)),
-                    (1, false) => visit(Visit::Entry(key, Some(element.value))),
+                    (1, false) => visit(Visit::Entry(key, Some(value()))),
                     _ => {}
                 }
             }
@@ -343,7 +465,9 @@ impl Checker<'_> {
         let result = match &bucket.inline {
             None => self.check_tree(bucket.root, None, None, depth),
             Some((page, data)) => match Node::parse(*page, data) {
-                Ok(node) if node.flags == FLAG_LEAF => self.check_leaf(&node, None, None, depth),
+                Ok(node) if node.flags == FLAG_LEAF => {
+                    self.check_leaf(&node, &[], None, None, depth)
+                }
                 Ok(node) => Err(self.locate(unexpected(*page, "inline leaf", node.flags))),
                 Err(e) => Err(self.locate(e)),
             },

@@ -1,6 +1,8 @@
 //! Page-level parsing: element tables, keys and values, page sets, fields.
 
-use super::{BboltError, Corruption, ELEMENT_SIZE, FLAG_BRANCH, FLAG_LEAF, PAGE_HEADER_SIZE};
+use std::ops::Range;
+
+use super::{BboltError, Corruption, ELEMENT_SIZE, FLAG_BRANCH, FLAG_LEAF, Hole, PAGE_HEADER_SIZE};
 
 const BUCKET_LEAF_FLAG: u32 = 0x01;
 
@@ -81,22 +83,83 @@ impl<'a> Node<'a> {
 
     /// Leaf element `index` (< count).
     pub(crate) fn leaf(&self, index: u16) -> Result<LeafElement<'a>, BboltError> {
+        let (flags, key, value) = self.leaf_spans(index)?;
+        Ok(LeafElement {
+            flags,
+            key: &self.data[key],
+            value: &self.data[value],
+        })
+    }
+
+    /// Leaf element `index` (< count): its flags and where its key and value
+    /// are in the page, checked to lie in it.
+    pub(crate) fn leaf_spans(
+        &self,
+        index: u16,
+    ) -> Result<(u32, Range<usize>, Range<usize>), BboltError> {
         let at = PAGE_HEADER_SIZE + usize::from(index) * ELEMENT_SIZE;
         let flags = le32(self.data, at);
         let pos = le32(self.data, at + 4) as usize;
         let ksize = le32(self.data, at + 8) as usize;
         let vsize = le32(self.data, at + 12) as usize;
-        let key = self.slice(index, at, pos, ksize)?;
-        let value = self.slice(index, at, pos.saturating_add(ksize), vsize)?;
-        Ok(LeafElement { flags, key, value })
+        let key = self.span(index, at, pos, ksize)?;
+        let value = self.span(index, at, pos.saturating_add(ksize), vsize)?;
+        Ok((flags, key, value))
+    }
+
+    /// Whether the walk of this leaf needs nothing in `holes` (parts of the
+    /// page, in order) but the CRC of their bytes: the element table ends
+    /// before the first, no key reaches into any, and a value that reaches
+    /// into one spans it whole and reaches into no other (and is no
+    /// bucket). Elements that do not fit the page answer `false` (the full
+    /// read reports them).
+    pub(crate) fn leaf_skips(&self, holes: &[Hole]) -> bool {
+        let table = PAGE_HEADER_SIZE + usize::from(self.count) * ELEMENT_SIZE;
+        let Some(first) = holes.first() else {
+            return true;
+        };
+        if self.flags != FLAG_LEAF || table > first.range.start {
+            return false;
+        }
+        let touched = |span: Range<usize>| {
+            holes
+                .iter()
+                .filter(move |h| span.start < h.range.end && h.range.start < span.end)
+        };
+        (0..self.count).all(|i| match self.leaf_spans(i) {
+            Ok((flags, key, value)) => {
+                let mut in_value = touched(value.clone());
+                touched(key).next().is_none()
+                    && match (in_value.next(), in_value.next()) {
+                        (None, _) => true,
+                        (Some(hole), None) => {
+                            flags & BUCKET_LEAF_FLAG == 0
+                                && value.start <= hole.range.start
+                                && value.end >= hole.range.end
+                        }
+                        (Some(_), Some(_)) => false,
+                    }
+            }
+            Err(_) => false,
+        })
     }
 
     /// `len` bytes at `pos` from the element at `at`, checked to lie in the
     /// page.
     fn slice(&self, index: u16, at: usize, pos: usize, len: usize) -> Result<&'a [u8], BboltError> {
+        Ok(&self.data[self.span(index, at, pos, len)?])
+    }
+
+    fn span(
+        &self,
+        index: u16,
+        at: usize,
+        pos: usize,
+        len: usize,
+    ) -> Result<Range<usize>, BboltError> {
         at.checked_add(pos)
             .and_then(|start| Some(start..start.checked_add(len)?))
-            .and_then(|range| self.data.get(range))
+            .filter(|range| range.end <= self.data.len())
             .ok_or_else(|| corrupt(self.page, Corruption::ElementOutOfPage { index }))
     }
 }
@@ -182,6 +245,72 @@ mod tests {
         assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    /// A leaf run of `len` bytes whose elements (flags, key size, value
+    /// size) are packed after the table.
+    fn leaf_run(len: usize, elements: &[(u32, u32, u32)]) -> Vec<u8> {
+        let mut data = vec![0u8; len];
+        data[8..10].copy_from_slice(&FLAG_LEAF.to_le_bytes());
+        data[10..12].copy_from_slice(&(elements.len() as u16).to_le_bytes());
+        let mut pos = PAGE_HEADER_SIZE + ELEMENT_SIZE * elements.len();
+        for (i, &(flags, ksize, vsize)) in elements.iter().enumerate() {
+            let at = PAGE_HEADER_SIZE + ELEMENT_SIZE * i;
+            data[at..at + 4].copy_from_slice(&flags.to_le_bytes());
+            data[at + 4..at + 8].copy_from_slice(&((pos - at) as u32).to_le_bytes());
+            data[at + 8..at + 12].copy_from_slice(&ksize.to_le_bytes());
+            data[at + 12..at + 16].copy_from_slice(&vsize.to_le_bytes());
+            pos += (ksize + vsize) as usize;
+        }
+        data
+    }
+
+    /// Holes at the given (start, end) pairs.
+    fn holes(ranges: &[(usize, usize)]) -> Vec<Hole> {
+        ranges
+            .iter()
+            .map(|&(start, end)| Hole {
+                range: start..end,
+                crc: 0,
+                offset: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_leaf_skips_holes_only_inside_single_values() {
+        // Two values of 40,000 bytes after keys of 17 bytes: the table ends
+        // at 48, the first value at 40,065, the second at 80,082.
+        let run = leaf_run(24 * 4096, &[(0, 17, 40_000), (0, 17, 40_000)]);
+        let node = Node::parse(7, &run).unwrap();
+        let (_, _, v0) = node.leaf_spans(0).unwrap();
+        let (_, k1, v1) = node.leaf_spans(1).unwrap();
+        assert_eq!((v0, k1, v1), (65..40_065, 40_065..40_082, 40_082..80_082));
+        assert!(node.leaf_skips(&[]));
+        assert!(node.leaf_skips(&holes(&[(4096, 36_864)])));
+        assert!(node.leaf_skips(&holes(&[(4096, 36_864), (40_960, 77_824)])));
+        // The second key lies in the hole.
+        assert!(!node.leaf_skips(&holes(&[(36_864, 40_960 + 4096)])));
+        // Half in a value, half out of it.
+        assert!(!node.leaf_skips(&holes(&[(77_824, 86_016)])));
+        // One value over two holes.
+        assert!(!node.leaf_skips(&holes(&[(4096, 8192), (12_288, 16_384)])));
+        // The element table reaching into a hole.
+        assert!(!node.leaf_skips(&holes(&[(0, 4096)])));
+
+        // A bucket's value is read whatever its size.
+        let run = leaf_run(24 * 4096, &[(1, 17, 40_000)]);
+        let node = Node::parse(7, &run).unwrap();
+        assert!(!node.leaf_skips(&holes(&[(4096, 8192)])));
+        // An element beyond the page is left to the full read to report.
+        let run = leaf_run(4 * 4096, &[(0, 17, 40_000)]);
+        let node = Node::parse(7, &run).unwrap();
+        assert!(!node.leaf_skips(&holes(&[(4096, 8192)])));
+        // So is a branch page.
+        let mut run = leaf_run(24 * 4096, &[(0, 17, 40_000)]);
+        run[8..10].copy_from_slice(&FLAG_BRANCH.to_le_bytes());
+        let node = Node::parse(7, &run).unwrap();
+        assert!(!node.leaf_skips(&holes(&[(4096, 8192)])));
     }
 
     #[test]

@@ -382,10 +382,12 @@ mod tests {
         bytes
     }
 
-    /// The bulk ranges `Layout` finds when fed `bytes` in pieces of the
-    /// given sizes (cycled).
-    fn bulk_ranges(bytes: &[u8], pieces: &[usize]) -> Vec<Range<u64>> {
+    /// Feeds `bytes` to a `Layout` in pieces of the given sizes (cycled),
+    /// noting the bulk in sums as the sink does: the bulk ranges found, and
+    /// the sums.
+    fn lay_out(bytes: &[u8], pieces: &[usize]) -> (Vec<Range<u64>>, BulkSums) {
         let mut layout = Layout::default();
+        let mut sums = BulkSums::default();
         let mut ranges: Vec<Range<u64>> = Vec::new();
         let mut at = 0usize;
         let mut i = 0;
@@ -394,9 +396,10 @@ mod tests {
             let mut rest = &bytes[at..end];
             let mut pos = at as u64;
             while !rest.is_empty() {
-                let (n, bulk) = layout.next_segment(rest, &mut BulkSums::default());
+                let (n, bulk) = layout.next_segment(rest, &mut sums);
                 assert!(n > 0);
                 if bulk {
+                    sums.note(pos, &rest[..n]);
                     match ranges.last_mut() {
                         Some(last) if last.end == pos => last.end += n as u64,
                         _ => ranges.push(pos..pos + n as u64),
@@ -408,7 +411,12 @@ mod tests {
             at = end;
             i += 1;
         }
-        ranges
+        (ranges, sums)
+    }
+
+    /// The bulk ranges `Layout` finds (see [`lay_out`]).
+    fn bulk_ranges(bytes: &[u8], pieces: &[usize]) -> Vec<Range<u64>> {
+        lay_out(bytes, pieces).0
     }
 
     #[test]
@@ -540,25 +548,7 @@ mod tests {
             |r: &Range<u64>, cap: u64| r.start.next_multiple_of(PS)..(r.end / PS * PS).min(cap);
         let expected = vec![pages(&v0, u64::MAX), pages(&v3, 42 * PS)];
         for pieces in [&[bytes.len()][..], &[1000], &[7, 4089, 100_000]] {
-            let mut sums = BulkSums::default();
-            let mut layout = Layout::default();
-            let mut at = 0usize;
-            let mut i = 0;
-            while at < bytes.len() {
-                let end = (at + pieces[i % pieces.len()]).min(bytes.len());
-                let mut rest = &bytes[at..end];
-                let mut pos = at as u64;
-                while !rest.is_empty() {
-                    let (n, bulk) = layout.next_segment(rest, &mut sums);
-                    if bulk {
-                        sums.note(pos, &rest[..n]);
-                    }
-                    pos += n as u64;
-                    rest = &rest[n..];
-                }
-                at = end;
-                i += 1;
-            }
+            let (_, sums) = lay_out(&bytes, pieces);
             let got: Vec<_> = sums.within(&(0..u64::MAX)).map(|(r, _)| r).collect();
             assert_eq!(got, expected, "pieces {pieces:?}");
             for (range, crc) in sums.within(&(0..u64::MAX)) {

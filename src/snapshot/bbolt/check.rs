@@ -152,7 +152,6 @@ impl Db {
             path: Vec::new(),
             buckets: 0,
             pool: Vec::new(),
-            holes: Vec::new(),
         };
         checker.reachable.insert(0);
         checker.reachable.insert(1);
@@ -200,8 +199,6 @@ struct Checker<'a> {
     buckets: u64,
     /// Read buffers, one per tree depth (see [`super::take_buffer`]).
     pool: Vec<Vec<u8>>,
-    /// The parts of the run being checked left unread.
-    holes: Vec<Hole>,
 }
 
 impl Checker<'_> {
@@ -319,29 +316,15 @@ impl Checker<'_> {
         depth: usize,
         buf: &mut Vec<u8>,
     ) -> Result<(), BboltError> {
-        let mut holes = std::mem::take(&mut self.holes);
-        let checked = self.check_run(id, min, max, depth, buf, &mut holes);
-        self.holes = holes;
-        checked
-    }
-
-    /// [`Checker::check_node`] with a vector for the holes of the run.
-    fn check_run(
-        &mut self,
-        id: u64,
-        min: Option<&[u8]>,
-        max: Option<&[u8]>,
-        depth: usize,
-        buf: &mut Vec<u8>,
-        holes: &mut Vec<Hole>,
-    ) -> Result<(), BboltError> {
+        // Allocates only for a run with parts left unread.
+        let mut holes = Vec::new();
         let run = self
             .db
-            .read_run_sparse(id, buf, holes)
+            .read_run_sparse(id, buf, &mut holes)
             .map_err(|e| self.locate(e))?;
         let buf = &mut buf[run];
         // Leave parts unread only when the walk needs nothing in them.
-        if !Node::parse(id, buf).is_ok_and(|node| node.leaf_skips(holes)) {
+        if !Node::parse(id, buf).is_ok_and(|node| node.leaf_skips(&holes)) {
             for hole in holes.iter() {
                 self.db.fill_hole(hole, buf).map_err(|e| self.locate(e))?;
             }
@@ -377,7 +360,7 @@ impl Checker<'_> {
                 }
                 Ok(())
             }
-            FLAG_LEAF => self.check_leaf(&node, holes, min, max, depth),
+            FLAG_LEAF => self.check_leaf(&node, &holes, min, max, depth),
             flags => Err(self.locate(unexpected(id, "branch or leaf", flags))),
         }
     }

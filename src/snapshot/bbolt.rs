@@ -394,11 +394,8 @@ impl Db {
         if holes.is_empty() {
             return self.read_continuation(id, buf, run);
         }
-        // The run goes to an aligned address, so that the parts around the
-        // holes can be read direct.
-        grow(buf, run + direct::ALIGN);
-        let start = direct::aligned_start(buf);
-        buf.copy_within(..page_size, start);
+        // The parts around the holes are read direct.
+        let start = align_run(buf, page_size, run);
         let bytes = &mut buf[start..start + run];
         let mut at = page_size;
         for hole in holes.iter() {
@@ -497,38 +494,19 @@ impl Db {
             return Ok(0..page_size);
         }
         let rest = self.offset(id + 1);
-        if let Some(direct) = self.direct_for(run - page_size) {
-            // The continuation goes to an aligned address (page sizes are
-            // multiples of the alignment), the first page just before it.
-            grow(buf, run + direct::ALIGN);
-            let start = direct::aligned_start(buf);
-            buf.copy_within(..page_size, start);
-            let continuation = &mut buf[start + page_size..start + run];
-            match direct.read_exact_at(continuation, rest) {
-                Ok(()) => return Ok(start..start + run),
-                Err(e) if direct::refused(&e) => {
-                    self.direct_refused.store(true, Ordering::Relaxed);
-                    buf.copy_within(start..start + page_size, 0);
-                }
-                Err(source) => {
-                    return Err(BboltError::Io {
-                        offset: rest,
-                        source,
-                    });
-                }
-            }
+        let continuation = run - page_size;
+        if self.direct.is_some()
+            && !self.direct_refused.load(Ordering::Relaxed)
+            && continuation as u64 >= direct::DIRECT_MIN
+            && continuation.is_multiple_of(direct::ALIGN)
+        {
+            let start = align_run(buf, page_size, run);
+            self.read_bulk(rest, &mut buf[start + page_size..start + run])?;
+            return Ok(start..start + run);
         }
         grow(buf, run);
         self.read_at(rest, &mut buf[page_size..run])?;
         Ok(0..run)
-    }
-
-    /// The direct handle, for a continuation of `len` bytes worth reading
-    /// direct.
-    fn direct_for(&self, len: usize) -> Option<&File> {
-        let worth = len as u64 >= direct::DIRECT_MIN && len.is_multiple_of(direct::ALIGN);
-        let direct = self.direct.as_ref()?;
-        (worth && !self.direct_refused.load(Ordering::Relaxed)).then_some(direct)
     }
 
     fn offset(&self, id: u64) -> u64 {
@@ -669,6 +647,17 @@ pub(crate) struct Hole {
     pub(crate) crc: u32,
     /// The file offset of the run.
     pub(crate) offset: u64,
+}
+
+/// Makes room in `buf` for a run of `run` bytes at an address aligned for
+/// direct I/O (page sizes are multiples of the alignment, so every page of
+/// the run is aligned too) and moves the first page, read at the start of
+/// `buf`, there; returns where the run starts.
+fn align_run(buf: &mut Vec<u8>, page_size: usize, run: usize) -> usize {
+    grow(buf, run + direct::ALIGN);
+    let start = direct::aligned_start(buf);
+    buf.copy_within(..page_size, start);
+    start
 }
 
 /// Makes `buf` at least `len` long; only the added bytes are zeroed.

@@ -340,32 +340,21 @@ impl Sink {
     /// of the bulk.
     fn place(&mut self, mut data: &[u8]) -> io::Result<()> {
         let mut at = self.written;
-        if self.direct.is_none() {
-            // All through the page cache; the sums are still taken.
-            self.file.write_all_at(data, at)?;
-            while !data.is_empty() {
-                let (len, bulk) = self.layout.next_segment(data, &mut self.sums);
-                if bulk {
-                    self.sums.note(at, &data[..len]);
-                }
-                at += len as u64;
-                data = &data[len..];
-            }
-            return Ok(());
-        }
-        // Consecutive pages that are not bulk go out in one write.
+        // Consecutive pages that are not bulk (all of them without direct
+        // I/O) go out in one write.
         let mut plain = 0;
         while plain < data.len() {
             let (len, bulk) = self.layout.next_segment(&data[plain..], &mut self.sums);
-            if !bulk {
+            if bulk {
+                self.sums.note(at + plain as u64, &data[plain..plain + len]);
+            }
+            if !bulk || self.direct.is_none() {
                 plain += len;
                 continue;
             }
             self.file.write_all_at(&data[..plain], at)?;
             at += plain as u64;
-            let bulk = &data[plain..plain + len];
-            self.sums.note(at, bulk);
-            self.stage_bulk(bulk, at)?;
+            self.stage_bulk(&data[plain..plain + len], at)?;
             at += len as u64;
             data = &data[plain + len..];
             plain = 0;

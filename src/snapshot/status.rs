@@ -214,18 +214,18 @@ impl LiveKeys {
             key: Hex(revision).to_string(),
             problem,
         };
-        let digest = match key_value_key(value) {
-            Ok(key) => digest(key),
-            Err(Problem::Invalid(problem)) => return Err(invalid(problem)),
+        let key = match key_value_key(value) {
             Err(Problem::Unread) => {
                 let db = db.ok_or_else(|| invalid("part of the value was not read"))?;
                 let bytes = db.read_value(value, &mut self.scratch)?;
-                match key_value_key(&Value::whole(bytes)) {
-                    Ok(key) => digest(key),
-                    Err(Problem::Invalid(problem)) => return Err(invalid(problem)),
-                    Err(Problem::Unread) => unreachable!("a whole value has no unread part"),
-                }
+                key_value_key(&Value::whole(bytes))
             }
+            found => found,
+        };
+        let digest = match key {
+            Ok(key) => digest(key),
+            Err(Problem::Invalid(problem)) => return Err(invalid(problem)),
+            Err(Problem::Unread) => unreachable!("a whole value has no unread part"),
         };
         if tombstone {
             self.digests.remove(&digest);

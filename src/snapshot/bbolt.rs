@@ -394,19 +394,15 @@ impl Db {
         if holes.is_empty() {
             return self.read_continuation(id, buf, run);
         }
-        // The parts around the holes are read direct.
-        let start = align_run(buf, page_size, run);
-        let bytes = &mut buf[start..start + run];
+        // The parts around the holes were written through the page cache.
+        grow(buf, run);
         let mut at = page_size;
         for hole in holes.iter() {
-            self.read_bulk(offset + at as u64, &mut bytes[at..hole.range.start])?;
+            self.read_at(offset + at as u64, &mut buf[at..hole.range.start])?;
             at = hole.range.end;
         }
-        let last = run - page_size;
-        self.read_bulk(offset + at as u64, &mut bytes[at..last])?;
-        // The last page was written through the page cache.
-        self.read_at(offset + last as u64, &mut bytes[last..])?;
-        Ok(start..start + run)
+        self.read_at(offset + at as u64, &mut buf[at..run])?;
+        Ok(0..run)
     }
 
     /// Reads a part of a run that [`Db::read_run_sparse`] left out; `run`

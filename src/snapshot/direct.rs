@@ -2,11 +2,14 @@
 //!
 //! Most of a large etcd database can be the overflow pages of big values:
 //! a leaf page whose one value is 1 MiB continues over 256 more pages. The
-//! middle of such a run (its pages after the first, up to the last) is bulk:
-//! it is written with `O_DIRECT`, straight to the device rather than copied
-//! into freshly allocated page-cache pages. Everything else (meta, branch
-//! and leaf pages, the first and last page of every run, short runs) goes
-//! through the page cache, where the check's many small reads find it.
+//! whole pages inside such values are bulk: they are written with
+//! `O_DIRECT`, straight to the device rather than copied into freshly
+//! allocated page-cache pages. (A long run that is not a leaf, or whose
+//! element table cannot be read, has all of its middle in the bulk: its
+//! pages after the first, up to the last.) Everything else (meta, branch
+//! and leaf pages, the first and last page of every run, the pages where
+//! one value ends and the next key begins, short runs) goes through the
+//! page cache, where the check's many small reads find it.
 //!
 //! Which bytes are bulk is read off the stream as it passes ([`Layout`]):
 //! the page size from meta page 0, then each page header, whose overflow
@@ -14,15 +17,14 @@
 //! bytes written are the bytes received whatever the hint says, and a file
 //! system that refuses direct I/O gets every byte through the page cache.
 //!
-//! A bulk leaf's first page also says where its values are. For each value
-//! with at least [`SUM_MIN`] bytes of whole pages inside the bulk, the
-//! CRC-32C of those pages is taken from the very bytes written, as they are
-//! written ([`BulkSums`]). The bbolt check reads everything else back from
-//! the file (every page header, element table and key, both ends of every
-//! value, the KeyValue fields around a big one) and combines the CRCs into
-//! etcd's status hash instead of reading those pages from the device. A
-//! range the check would have to look into (a key in it, a value that only
-//! partly covers it, a bucket) is read back after all.
+//! For each range of bulk inside a value, the CRC-32C is taken from the
+//! very bytes written, as they are written ([`BulkSums`]). The bbolt check
+//! reads everything else back from the file (every page header, element
+//! table and key, both ends of every value, the KeyValue fields around a
+//! big one) and combines the CRCs into etcd's status hash instead of
+//! reading those pages from the device. A range the check would have to
+//! look into (a key in it, a value that only partly covers it, a bucket)
+//! is read back after all.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -105,8 +107,14 @@ pub(crate) struct Layout {
     page_size: u64,
     /// The header of the page being received.
     header: [u8; 16],
-    /// The middle of the latest run whose header said it is bulk.
-    bulk: Range<u64>,
+    /// The bulk ranges still to come (or under way), in order.
+    bulk: VecDeque<Range<u64>>,
+    /// The middle of the latest long run (its pages after the first, up to
+    /// the last).
+    middle: Range<u64>,
+    /// Where the latest run recognised ends: page headers before it are
+    /// not inspected (they are the run's data).
+    run_end: u64,
     /// The first page of a bulk leaf run, while it is received (empty
     /// otherwise): its element table says where its values are.
     first: Vec<u8>,
@@ -137,8 +145,8 @@ impl Layout {
             (take, false)
         } else if self.page_size == 0 {
             (data.len(), false)
-        } else if self.bulk.contains(&at) {
-            let len = (self.bulk.end - at).min(data.len() as u64) as usize;
+        } else if let Some(range) = self.current_bulk(at) {
+            let len = (range.end - at).min(data.len() as u64) as usize;
             (len, true)
         } else {
             // A page outside the bulk: note its header, pass it through.
@@ -164,32 +172,54 @@ impl Layout {
         (len, bulk)
     }
 
-    /// A complete header of page `page`: a branch, leaf or freelist page
-    /// whose run continues over enough pages marks its middle bulk. The
-    /// last page of the run, where its data ends, stays out of the bulk.
-    /// The rest of a bulk leaf's first page is kept for its element table.
+    /// The bulk range that holds `at`, dropping those already passed.
+    fn current_bulk(&mut self, at: u64) -> Option<Range<u64>> {
+        while self.bulk.front().is_some_and(|range| range.end <= at) {
+            self.bulk.pop_front();
+        }
+        self.bulk
+            .front()
+            .filter(|range| range.contains(&at))
+            .cloned()
+    }
+
+    /// A complete header of page `page`, outside any run recognised: a
+    /// branch, leaf or freelist page whose run continues over enough pages
+    /// has bulk in its middle (its pages after the first, up to the last,
+    /// where its data ends). For a leaf, that is the whole pages inside its
+    /// long values, known once its first page (kept for its element table)
+    /// is complete; for other pages, and leaves whose table cannot be read,
+    /// the whole middle.
     fn inspect(&mut self, page: u64) {
         let h = &self.header;
         let id = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
         let flags = u16::from_le_bytes([h[8], h[9]]);
         let overflow = u64::from(u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")));
         let ps = self.page_size;
-        if id == page
-            && matches!(flags, FLAG_BRANCH | FLAG_LEAF | FLAG_FREELIST)
-            && overflow.saturating_sub(1) * ps >= DIRECT_MIN
+        if id != page
+            || !matches!(flags, FLAG_BRANCH | FLAG_LEAF | FLAG_FREELIST)
+            || page.saturating_mul(ps) < self.run_end
         {
+            return;
+        }
+        self.run_end = (page + overflow + 1).saturating_mul(ps);
+        if overflow.saturating_sub(1) * ps >= DIRECT_MIN {
             let start = (page + 1).saturating_mul(ps);
-            self.bulk = start..start.saturating_add((overflow - 1) * ps);
+            self.middle = start..start.saturating_add((overflow - 1) * ps);
             if flags == FLAG_LEAF && ps <= TABLE_PAGE_MAX {
                 self.first.resize(ps as usize, 0);
                 self.first[..16].copy_from_slice(h);
+            } else {
+                self.bulk.push_back(self.middle.clone());
             }
         }
     }
 
-    /// The first page of the bulk leaf run at page `page` is in `first`:
-    /// wants the sums of the whole pages of each value that lie in the
-    /// run's bulk.
+    /// The first page of the long leaf run at page `page` is in `first`:
+    /// the whole pages of each long value in the run's middle are bulk,
+    /// and their sums wanted. The pages between values (where one ends and
+    /// the next key begins) go through the page cache, where the check
+    /// reads them.
     fn want_values(&mut self, page: u64, sums: &mut BulkSums) {
         let first = std::mem::take(&mut self.first);
         let ps = self.page_size;
@@ -197,7 +227,9 @@ impl Layout {
         let word = |at: usize| u32::from_le_bytes(first[at..at + 4].try_into().expect("4 bytes"));
         let count = usize::from(u16::from_le_bytes([first[10], first[11]]));
         let mut wanted: Vec<Range<u64>> = Vec::new();
-        if 16 + count * 16 <= first.len() {
+        if 16 + count * 16 > first.len() {
+            self.bulk.push_back(self.middle.clone());
+        } else {
             for i in 0..count {
                 let at = 16 + i * 16;
                 let (flags, pos, ksize, vsize) =
@@ -207,8 +239,8 @@ impl Layout {
                 }
                 let value_start = run_start + at as u64 + u64::from(pos) + u64::from(ksize);
                 let value_end = value_start + u64::from(vsize);
-                let start = value_start.next_multiple_of(ps).max(self.bulk.start);
-                let end = (value_end / ps * ps).min(self.bulk.end);
+                let start = value_start.next_multiple_of(ps).max(self.middle.start);
+                let end = (value_end / ps * ps).min(self.middle.end);
                 if end >= start.saturating_add(SUM_MIN) {
                     wanted.push(start..end);
                 }
@@ -221,6 +253,7 @@ impl Layout {
         for range in wanted {
             if range.start >= last_end {
                 last_end = range.end;
+                self.bulk.push_back(range.clone());
                 sums.want(range);
             }
         }
@@ -421,19 +454,24 @@ mod tests {
 
     #[test]
     fn continuations_of_long_runs_are_bulk_wherever_the_stream_is_cut() {
-        // Leaf 2 runs over 20 more pages (a middle of 76 KiB: bulk), branch
-        // 23 over 3 (short), leaf 27 over 17 (a 64 KiB middle: bulk), leaf
-        // 45 over 16 (a 60 KiB middle: short), a freelist page 62 over 15.
-        let bytes = stream(
+        // Leaf 2 runs over 20 more pages (a middle of 76 KiB) with an
+        // element table too long for its first page: its middle is bulk.
+        // Branch 23 over 3 (short), branch 27 over 17 (a 64 KiB middle:
+        // bulk), leaf 45 over 16 (a 60 KiB middle: short), a freelist page
+        // 62 over 17. Pages inside a run (page 30) are never inspected.
+        let mut bytes = stream(
             80,
             &[
                 (2, FLAG_LEAF, 20),
                 (23, FLAG_BRANCH, 3),
-                (27, FLAG_LEAF, 17),
+                (27, FLAG_BRANCH, 17),
+                (30, FLAG_BRANCH, 40),
                 (45, FLAG_LEAF, 16),
                 (62, FLAG_FREELIST, 17),
             ],
         );
+        let count = (2 * PS + 10) as usize;
+        bytes[count..count + 2].copy_from_slice(&300u16.to_le_bytes());
         let expected = vec![3 * PS..22 * PS, 28 * PS..44 * PS, 63 * PS..79 * PS];
         for pieces in [
             &[bytes.len()][..],
@@ -448,10 +486,10 @@ mod tests {
     #[test]
     fn headers_that_do_not_name_their_page_are_not_trusted() {
         // Page 5 claims to be page 6; page 9 has an unknown type; page 12
-        // lies inside the bulk of page 10 and is not inspected.
+        // lies inside the run of page 10 and is not inspected.
         let bytes = stream(
             60,
-            &[(10, FLAG_LEAF, 20), (12, FLAG_LEAF, 40), (9, 0x20, 20)],
+            &[(10, FLAG_BRANCH, 20), (12, FLAG_BRANCH, 40), (9, 0x20, 20)],
         );
         let mut bytes = bytes;
         let at = (5 * PS) as usize;
@@ -463,10 +501,10 @@ mod tests {
 
     #[test]
     fn without_a_meta_page_nothing_is_bulk() {
-        let mut bytes = stream(40, &[(2, FLAG_LEAF, 30)]);
+        let mut bytes = stream(40, &[(2, FLAG_BRANCH, 30)]);
         bytes[16] ^= 1; // not the magic
         assert!(bulk_ranges(&bytes, &[4096]).is_empty());
-        let mut bytes = stream(40, &[(2, FLAG_LEAF, 30)]);
+        let mut bytes = stream(40, &[(2, FLAG_BRANCH, 30)]);
         bytes[24..28].copy_from_slice(&512u32.to_le_bytes()); // below ALIGN
         assert!(bulk_ranges(&bytes, &[4096]).is_empty());
     }
@@ -515,9 +553,9 @@ mod tests {
         assert_eq!(sums.within(&(0..1000)).count(), 0);
     }
 
-    /// A bulk leaf run at page 2 (overflow 40) holding three values: the
-    /// sums wanted are the whole pages of each value inside the bulk (pages
-    /// 3..=41), at least four of them.
+    /// A long leaf run at page 2 (overflow 40) holding four elements: the
+    /// bulk, and the sums wanted, are the whole pages of each long value
+    /// inside the run's middle (pages 3..=41), at least four of them.
     #[test]
     fn the_values_of_a_bulk_leaf_are_wanted_by_whole_pages() {
         let mut bytes = stream(60, &[(2, FLAG_LEAF, 40)]);
@@ -548,7 +586,9 @@ mod tests {
             |r: &Range<u64>, cap: u64| r.start.next_multiple_of(PS)..(r.end / PS * PS).min(cap);
         let expected = vec![pages(&v0, u64::MAX), pages(&v3, 42 * PS)];
         for pieces in [&[bytes.len()][..], &[1000], &[7, 4089, 100_000]] {
-            let (_, sums) = lay_out(&bytes, pieces);
+            let (bulk, sums) = lay_out(&bytes, pieces);
+            // Only those pages are bulk: the pages between values are not.
+            assert_eq!(bulk, expected, "pieces {pieces:?}");
             let got: Vec<_> = sums.within(&(0..u64::MAX)).map(|(r, _)| r).collect();
             assert_eq!(got, expected, "pieces {pieces:?}");
             for (range, crc) in sums.within(&(0..u64::MAX)) {

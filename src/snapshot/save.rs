@@ -518,9 +518,9 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// A stream shaped like a snapshot whose pages 2..=42 are one leaf
+    /// A stream shaped like a snapshot whose pages 2..=42 are one branch
     /// run (40 overflow pages, the first 39 of them bulk) and 60..=63 a
-    /// short one, with a trailer that ends the stream mid-page.
+    /// short leaf run, with a trailer that ends the stream mid-page.
     fn bulky_stream() -> Vec<u8> {
         let ps = 4096usize;
         let mut data: Vec<u8> = (0..70 * ps + 32).map(|i| (i * 13 % 251) as u8).collect();
@@ -531,7 +531,7 @@ mod tests {
             data[at + 12..at + 16].copy_from_slice(&overflow.to_le_bytes());
         };
         header(0, super::super::bbolt::FLAG_META, 0);
-        header(2, super::super::bbolt::FLAG_LEAF, 40);
+        header(2, super::super::bbolt::FLAG_BRANCH, 40);
         header(60, super::super::bbolt::FLAG_LEAF, 3);
         data[16..20].copy_from_slice(&super::super::bbolt::MAGIC.to_le_bytes());
         data[24..28].copy_from_slice(&(ps as u32).to_le_bytes());

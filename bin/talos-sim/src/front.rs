@@ -12,7 +12,9 @@ use std::marker::PhantomData;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures::FutureExt as _;
 use futures::future::BoxFuture;
+use http::HeaderName;
 use http_body_util::{BodyExt as _, Full};
 use tonic::body::Body;
 use tonic::server::NamedService;
@@ -29,7 +31,11 @@ use crate::api::server::machine::machine_service_server::MachineServiceServer;
 use talos_client::client::MAX_MESSAGE_SIZE;
 
 /// Metadata carrying the caller's roles between apids.
-const ROLE_KEY: &str = "talos-role";
+const ROLE_KEY: HeaderName = HeaderName::from_static("talos-role");
+/// Routing metadata, parsed once rather than on every lookup.
+const NODE: HeaderName = HeaderName::from_static("node");
+const NODES: HeaderName = HeaderName::from_static("nodes");
+const PROXY_FROM: HeaderName = HeaderName::from_static("proxyfrom");
 
 /// The front service; `S` only selects the gRPC service name it is
 /// registered under (tonic routes by name).
@@ -84,7 +90,7 @@ impl<S: Send + 'static> tower::Service<http::Request<Body>> for Front<S> {
     }
 }
 
-fn header_values(request: &http::Request<Body>, key: &str) -> Vec<String> {
+fn header_values(request: &http::Request<Body>, key: &HeaderName) -> Vec<String> {
     request
         .headers()
         .get_all(key)
@@ -99,7 +105,7 @@ fn header_values(request: &http::Request<Body>, key: &str) -> Vec<String> {
 fn caller_roles(request: &http::Request<Body>) -> Vec<String> {
     let certificate_roles = certificate_roles(request.extensions());
     if certificate_roles.iter().any(|r| r == IMPERSONATOR) {
-        let forwarded = header_values(request, ROLE_KEY);
+        let forwarded = header_values(request, &ROLE_KEY);
         if !forwarded.is_empty() {
             return forwarded;
         }
@@ -116,16 +122,16 @@ async fn route(machined: Machined, mut request: http::Request<Body>) -> http::Re
         return local(&machined, request, vec![READER.to_string()]).await;
     }
     let roles = caller_roles(&request);
-    if request.headers().contains_key("proxyfrom") {
+    if request.headers().contains_key(PROXY_FROM) {
         return local(&machined, request, roles).await;
     }
-    let nodes = header_values(&request, "nodes");
-    let node = header_values(&request, "node");
+    let nodes = header_values(&request, &NODES);
+    let node = header_values(&request, &NODE);
     if node.len() > 1 {
         return Status::invalid_argument("node metadata must be single-valued").into_http();
     }
     if !nodes.is_empty() {
-        return one_to_many(&machined, request, nodes, roles).await;
+        return Box::pin(one_to_many(&machined, request, nodes, roles)).await;
     }
     if let Some(Err(status)) = node.first().map(|t| check_target(t)) {
         return status.into_http();
@@ -145,29 +151,34 @@ async fn route(machined: Machined, mut request: http::Request<Body>) -> http::Re
     }
 }
 
-/// Answers on this node: machined checks the roles.
-async fn local(
+/// Answers on this node: machined checks the roles. Boxed, so that the
+/// futures holding it stay small (every forwarded call moves one).
+fn local(
     machined: &Machined,
     mut request: http::Request<Body>,
     roles: Vec<String>,
-) -> http::Response<Body> {
+) -> BoxFuture<'static, http::Response<Body>> {
     request.extensions_mut().insert(CallerRoles(roles));
-    let path = request.uri().path().to_string();
-    let result = if path.starts_with("/cluster.ClusterService/") {
-        ClusterServiceServer::new(machined.clone())
-            .max_decoding_message_size(MAX_MESSAGE_SIZE)
-            .oneshot(request)
-            .await
-    } else {
-        MachineServiceServer::new(machined.clone())
-            .max_decoding_message_size(MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(MAX_MESSAGE_SIZE)
-            .oneshot(request)
-            .await
-    };
-    match result {
+    let machined = machined.clone();
+    let answer = |result: Result<http::Response<Body>, Infallible>| match result {
         Ok(response) => response,
         Err(never) => match never {},
+    };
+    if request.uri().path().starts_with("/cluster.ClusterService/") {
+        Box::pin(
+            ClusterServiceServer::new(machined)
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .oneshot(request)
+                .map(answer),
+        )
+    } else {
+        Box::pin(
+            MachineServiceServer::new(machined)
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE)
+                .oneshot(request)
+                .map(answer),
+        )
     }
 }
 
@@ -175,11 +186,11 @@ async fn local(
 /// upstream's backend.APID.GetConnection does.
 fn prepare_forward(machined: &Machined, request: &mut http::Request<Body>, roles: &[String]) {
     let headers = request.headers_mut();
-    headers.remove("node");
-    headers.remove("nodes");
+    headers.remove(NODE);
+    headers.remove(NODES);
     headers.remove(ROLE_KEY);
     if let Ok(from) = http::HeaderValue::from_str(&machined.node.ip.to_string()) {
-        headers.insert("proxyfrom", from);
+        headers.insert(PROXY_FROM, from);
     }
     for role in roles {
         if let Ok(value) = http::HeaderValue::from_str(role) {
@@ -189,16 +200,19 @@ fn prepare_forward(machined: &Machined, request: &mut http::Request<Body>, roles
 }
 
 /// Sends a request to another node's apid and returns its answer as is.
-async fn forward(
-    machined: &Machined,
-    target: &str,
+/// Boxed, as [`local`] is.
+fn forward<'a>(
+    machined: &'a Machined,
+    target: &'a str,
     request: http::Request<Body>,
-) -> Result<http::Response<Body>, Status> {
-    let channel = machined.shared.backend(target).await?;
-    channel
-        .oneshot(request)
-        .await
-        .map_err(|e| crate::cluster::connection_error(&crate::dial::innermost(&e)))
+) -> BoxFuture<'a, Result<http::Response<Body>, Status>> {
+    Box::pin(async move {
+        let channel = machined.shared.backend(target).await?;
+        channel
+            .oneshot(request)
+            .await
+            .map_err(|e| crate::cluster::connection_error(&crate::dial::innermost(&e)))
+    })
 }
 
 /// Sends a unary call to another node's apid. A node of this simulator

@@ -23,9 +23,32 @@ use crate::tls::roles_of;
 pub struct MtlsStream {
     inner: TlsStream<TcpStream>,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Whether the pending small write has already let the other ready
+    /// tasks run once (see [`MtlsStream::gather`]).
+    deferred: bool,
 }
 
+/// Writes shorter than this wait for the other ready tasks once.
+const GATHER_BELOW: usize = 8 * 1024;
+
 impl MtlsStream {
+    /// Lets the tasks already ready run once before a small write goes out,
+    /// so that the answers of many concurrent calls on one connection leave
+    /// in a few TLS records and syscalls instead of one each (50 nodes'
+    /// answers to a fanned-out call otherwise cost 50 loopback sends, on
+    /// the same 2 cores the client needs). The wake puts the connection
+    /// task behind the tasks already queued; it runs again at once when
+    /// there are none.
+    fn gather(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<()> {
+        if len >= GATHER_BELOW || self.deferred {
+            self.deferred = false;
+            return Poll::Ready(());
+        }
+        self.deferred = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
     fn check(&mut self, cx: &mut Context<'_>) -> std::io::Result<()> {
         if self.cancelled.as_mut().poll(cx).is_ready() {
             return Err(std::io::Error::new(
@@ -104,6 +127,7 @@ impl AsyncWrite for MtlsStream {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         self.check(cx)?;
+        std::task::ready!(self.gather(cx, buf.len()));
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -122,6 +146,7 @@ impl AsyncWrite for MtlsStream {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         self.check(cx)?;
+        std::task::ready!(self.gather(cx, bufs.iter().map(|b| b.len()).sum()));
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -165,6 +190,7 @@ pub fn tls_incoming(
                         let stream = MtlsStream {
                             inner,
                             cancelled: Box::pin(cancel.cancelled_owned()),
+                            deferred: false,
                         };
                         let _ = tx.send(Ok(stream)).await;
                     }

@@ -4,7 +4,8 @@
 # (`version` to 50 simulated nodes, 47 of them workers, against one), and a
 # snapshot of about SIZE_MIB MiB (default 1024) beside the official Go
 # client (tests/interop/cmd/benchdriver) and etcdctl. Medians of interleaved
-# runs (LATENCY_RUNS, default 20; SNAPSHOT_RUNS, default 5) are appended to
+# runs (LATENCY_RUNS, default 20; FANOUT_RUNS, default 100; SNAPSHOT_RUNS,
+# default 5) are appended to
 # bench/RESULTS.md. Needs Go and its module proxy for the Go client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,11 +53,13 @@ json.dump({
     "versions": versions,
 }, sys.stdout)
 PY
-python3 - "$work/bench.json" <<PY
+SIM_PID="$sim_pid" python3 - "$work/bench.json" <<PY
 import json, os, sys
 cfg = json.load(open(sys.argv[1]))
 cfg["latency_runs"] = int(os.environ.get("LATENCY_RUNS", "20"))
 cfg["snapshot_runs"] = int(os.environ.get("SNAPSHOT_RUNS", "5"))
+cfg["fanout_runs"] = int(os.environ.get("FANOUT_RUNS", "100"))
+cfg["sim_pid"] = int(os.environ["SIM_PID"])
 json.dump(cfg, open(sys.argv[1], "w"))
 PY
 python3 bench/bench.py "$work/bench.json"

@@ -41,6 +41,13 @@ def measure(cmd, env=None):
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0
 
 
+def measure_beside(cmd, pid):
+    """measure(cmd), and the CPU process `pid` used meanwhile, in seconds."""
+    before = task_cpu(pid)
+    row = measure(cmd)
+    return row, task_cpu(pid) - before
+
+
 def median_rows(samples):
     return {
         name: tuple(statistics.median(s[i] for s in runs) for i in range(3))
@@ -101,9 +108,9 @@ def main():
     sim_cpu = {"one": [], "all": []}
     for _ in range(fan_runs):
         for name, target in (("one", node), ("all", all_nodes)):
-            before = task_cpu(sim_pid)
-            fan[name].append(measure([rs, "--talosconfig", tc, "-n", target, "version"]))
-            sim_cpu[name].append(task_cpu(sim_pid) - before)
+            row, sim = measure_beside([rs, "--talosconfig", tc, "-n", target, "version"], sim_pid)
+            fan[name].append(row)
+            sim_cpu[name].append(sim)
     m = median_rows(fan)
     sim = {name: statistics.median(s) for name, s in sim_cpu.items()}
     count = len(cfg["all_nodes"])

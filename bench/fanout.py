@@ -24,7 +24,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import measure, task_cpu  # noqa: E402
+from bench import measure_beside  # noqa: E402
 
 
 def start(binary, work):
@@ -50,9 +50,8 @@ def start(binary, work):
 
 
 def run(cmd, pid):
-    before = task_cpu(pid)
-    wall, cpu, _ = measure(cmd)
-    return wall, cpu, task_cpu(pid) - before
+    (wall, cpu, _), sim = measure_beside(cmd, pid)
+    return wall, cpu, sim
 
 
 def main():

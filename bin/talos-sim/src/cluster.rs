@@ -477,6 +477,7 @@ impl Shared {
                 maintenance_tls,
                 maintenance_fingerprint,
                 worker: kind == NodeKind::Worker,
+                timing: cfg.timing,
             },
             match kind {
                 NodeKind::ControlPlane => Some(self.machine_config.clone()),

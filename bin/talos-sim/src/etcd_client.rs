@@ -11,7 +11,7 @@ use crate::api::etcdserverpb::maintenance_client::MaintenanceClient;
 use crate::api::etcdserverpb::{
     self as pb, AlarmMember, AlarmRequest, DefragmentRequest, Member, MemberAddRequest,
     MemberListRequest, MemberPromoteRequest, MemberRemoveRequest, MoveLeaderRequest, PutRequest,
-    SnapshotRequest, StatusRequest, StatusResponse,
+    RangeRequest, SnapshotRequest, StatusRequest, StatusResponse,
 };
 
 /// Timeout of one etcd request.
@@ -300,5 +300,28 @@ impl EtcdClient {
             }
         })
         .await
+    }
+
+    /// A linearizable read of `key` from the member at `url`, within
+    /// `timeout`: what upstream's etcd health check sends
+    /// (internal/pkg/etcd/etcd.go, ValidateQuorum). A learner refuses it
+    /// ("etcdserver: rpc not supported for learner"), and a member without
+    /// quorum cannot answer it.
+    pub async fn get_linearizable(
+        &self,
+        url: &str,
+        key: &[u8],
+        timeout: Duration,
+    ) -> Result<(), tonic::Status> {
+        let mut request = tonic::Request::new(RangeRequest {
+            key: key.to_vec(),
+            serializable: false,
+            ..RangeRequest::default()
+        });
+        request.set_timeout(timeout);
+        KvClient::new(self.channel_for(url)?)
+            .range(request)
+            .await
+            .map(drop)
     }
 }

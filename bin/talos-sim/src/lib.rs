@@ -27,6 +27,7 @@ pub mod control;
 mod dial;
 mod diff;
 pub mod etcd_client;
+mod etcd_health;
 pub mod etcd_process;
 mod files;
 mod front;
@@ -173,16 +174,48 @@ pub struct TalosTiming {
     /// EtcdLeaveCluster and EtcdForfeitLeadership: how long they wait for the
     /// local etcd member to be running and healthy.
     pub local_member_wait: Duration,
+    /// A joining learner's promotion: the pause between attempts.
+    pub promote_interval: Duration,
+    /// A joining learner's promotion: the most added to each pause at random.
+    pub promote_jitter: Duration,
+    /// A joining learner's promotion: how long it is retried in all.
+    pub promote_limit: Duration,
+    /// Joining etcd (member add): the pause between attempts.
+    pub join_interval: Duration,
+    /// Joining etcd: the most added to each pause at random.
+    pub join_jitter: Duration,
+    /// Joining etcd: how long it is retried in all (`EtcdJoinTimeout`).
+    pub join_limit: Duration,
+    /// The etcd service's health check: the wait before the first check.
+    pub health_initial_delay: Duration,
+    /// The etcd service's health check: the period between checks.
+    pub health_period: Duration,
+    /// The etcd service's health check: the deadline of one check.
+    pub health_timeout: Duration,
 }
 
 impl TalosTiming {
     /// Talos 1.13.9: removal retried every 10 s for 5 min
     /// (internal/pkg/etcd/etcd.go, LeaveCluster), the local member awaited
-    /// for 3 min (internal/pkg/etcd/local.go, GetLocalMemberID).
+    /// for 3 min (internal/pkg/etcd/local.go, GetLocalMemberID); a learner's
+    /// promotion retried every 15 s plus up to 1 s for 10 min, member add
+    /// every 3 s plus up to 1 s for 30 min, and the etcd service checked
+    /// 5 s after it starts, then every 20 s with a 15 s deadline
+    /// (internal/app/machined/pkg/system/services/etcd.go: promoteMember,
+    /// buildInitialCluster, HealthSettings; constants.EtcdJoinTimeout).
     pub const UPSTREAM: TalosTiming = TalosTiming {
         leave_retry_interval: Duration::from_secs(10),
         leave_retry_limit: Duration::from_secs(300),
         local_member_wait: Duration::from_secs(180),
+        promote_interval: Duration::from_secs(15),
+        promote_jitter: Duration::from_secs(1),
+        promote_limit: Duration::from_secs(600),
+        join_interval: Duration::from_secs(3),
+        join_jitter: Duration::from_secs(1),
+        join_limit: Duration::from_secs(1800),
+        health_initial_delay: Duration::from_secs(5),
+        health_period: Duration::from_secs(20),
+        health_timeout: Duration::from_secs(15),
     };
 
     /// Upstream's schedule with every duration divided by `divisor` (at
@@ -194,8 +227,26 @@ impl TalosTiming {
             leave_retry_interval: up.leave_retry_interval / d,
             leave_retry_limit: up.leave_retry_limit / d,
             local_member_wait: up.local_member_wait / d,
+            promote_interval: up.promote_interval / d,
+            promote_jitter: up.promote_jitter / d,
+            promote_limit: up.promote_limit / d,
+            join_interval: up.join_interval / d,
+            join_jitter: up.join_jitter / d,
+            join_limit: up.join_limit / d,
+            health_initial_delay: up.health_initial_delay / d,
+            health_period: up.health_period / d,
+            health_timeout: up.health_timeout / d,
         }
     }
+}
+
+/// `base` plus a random part of `jitter`, as go-retry's WithJitter.
+pub(crate) fn jittered(base: Duration, jitter: Duration) -> Duration {
+    let nanos = jitter.as_nanos() as u64;
+    if nanos == 0 {
+        return base;
+    }
+    base + Duration::from_nanos(random_u64() % nanos)
 }
 
 impl Default for TalosTiming {

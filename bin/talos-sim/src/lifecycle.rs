@@ -114,8 +114,43 @@ pub(crate) async fn reset(
 }
 
 /// Adds `node` to the etcd cluster as a learner, starts its member, and
-/// promotes it once it has caught up (in the background).
+/// promotes it in the background, as upstream's etcd service does
+/// (internal/app/machined/pkg/system/services/etcd.go): member add is
+/// retried on any error every `join_interval` plus jitter for up to
+/// `join_limit` (3 s, 1 s and `EtcdJoinTimeout`, 30 min, upstream), so a
+/// second learner waits for the first to be promoted; promotion starts
+/// before etcd does (so its first attempt fails) and is retried every
+/// `promote_interval` plus jitter.
 pub(crate) async fn join_etcd(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), SimError> {
+    let timing = node.timing;
+    let deadline = Instant::now() + timing.join_limit;
+    let (client, initial_cluster, member_id) = loop {
+        match add_member(shared, node).await {
+            Ok(joined) => break joined,
+            Err(e) => {
+                let pause = super::jittered(timing.join_interval, timing.join_jitter);
+                if Instant::now() + pause >= deadline {
+                    return Err(SimError::Refused(format!(
+                        "failed to build cluster arguments: {e}"
+                    )));
+                }
+                tracing::info!(node = %node.name, error = %e, "etcd join attempt failed; retrying");
+                tokio::time::sleep(pause).await;
+            }
+        }
+    };
+    tokio::spawn(promote(client, member_id, node.name.clone(), timing));
+    node.start_etcd(initial_cluster, ClusterState::Existing)
+        .await
+}
+
+/// One attempt of upstream's addMember: remove a member that carries the
+/// joining node's name (left behind by a reset without a leave), add the
+/// node as a learner, and build the initial cluster from the new list.
+async fn add_member(
+    shared: &Arc<Shared>,
+    node: &Arc<Node>,
+) -> Result<(EtcdClient, String, u64), String> {
     let peers: Vec<String> = shared
         .nodes()
         .iter()
@@ -123,24 +158,29 @@ pub(crate) async fn join_etcd(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<
         .map(|n| n.etcd_client_url())
         .collect();
     if peers.is_empty() {
-        return Err(SimError::Refused("no running etcd member to join".into()));
+        return Err("no running etcd member to join".into());
     }
-    let client = EtcdClient::connect(&peers).await?;
-    // etcd refuses new members until the cluster has been fully connected
-    // for a few seconds ("unhealthy cluster"); Talos retries the same way.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let member = loop {
-        match client.member_add(&node.etcd_peer_url(), true).await {
-            Ok(member) => break member,
-            Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            Err(s) => return Err(s.into()),
-        }
-    };
+    let client = EtcdClient::connect(&peers)
+        .await
+        .map_err(|s| s.message().to_string())?;
+    let list = client
+        .member_list()
+        .await
+        .map_err(|s| format!("error getting etcd member list: {}", s.message()))?;
+    for stale in list.iter().filter(|m| m.name == node.name) {
+        client
+            .member_remove(stale.id)
+            .await
+            .map_err(|s| format!("error removing self from the member list: {}", s.message()))?;
+    }
+    let member = client
+        .member_add(&node.etcd_peer_url(), true)
+        .await
+        .map_err(|s| format!("error adding member: {}", s.message()))?;
     let initial_cluster = client
         .member_list()
-        .await?
+        .await
+        .map_err(|s| format!("error getting second etcd member list: {}", s.message()))?
         .into_iter()
         .filter_map(|m| {
             let name = if m.id == member.id {
@@ -152,23 +192,32 @@ pub(crate) async fn join_etcd(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<
         })
         .collect::<Vec<_>>()
         .join(",");
-    node.start_etcd(initial_cluster, ClusterState::Existing)
-        .await?;
-    let name = node.name.clone();
-    tokio::spawn(async move {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while Instant::now() < deadline {
-            match client.member_promote(member.id).await {
-                Ok(()) => {
-                    tracing::info!(node = %name, "learner promoted to voting member");
-                    return;
-                }
-                Err(s) if s.message().contains("not a learner") => return,
-                Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+    Ok((client, initial_cluster, member.id))
+}
+
+/// Promotes a learner as upstream's promoteMember: an attempt at once, then
+/// one every `promote_interval` plus jitter, for up to `promote_limit`.
+async fn promote(client: EtcdClient, member_id: u64, name: String, timing: super::TalosTiming) {
+    let deadline = Instant::now() + timing.promote_limit;
+    loop {
+        match client.member_promote(member_id).await {
+            Ok(()) => {
+                tracing::info!(node = %name, "learner promoted to voting member");
+                return;
+            }
+            Err(s) if s.message().contains("not a learner") => return,
+            Err(s) if s.message().contains("member not found") => return,
+            Err(s) => {
+                tracing::info!(node = %name, error = %s.message(), "promotion attempt failed")
             }
         }
-    });
-    Ok(())
+        let pause = super::jittered(timing.promote_interval, timing.promote_jitter);
+        if Instant::now() + pause >= deadline {
+            tracing::warn!(node = %name, "failed promoting member: timeout");
+            return;
+        }
+        tokio::time::sleep(pause).await;
+    }
 }
 
 /// Starts etcd on a node without data: a new single-member cluster, or

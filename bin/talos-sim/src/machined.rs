@@ -70,11 +70,13 @@ fn go_arch() -> &'static str {
 }
 
 impl Machined {
+    /// The etcd service as machined reports it: its health is the last
+    /// result of the service's own check (see [`crate::etcd_health`]),
+    /// unknown until the first one.
     async fn etcd_service(&self) -> machine::ServiceInfo {
         let running = self.node.etcd_running().await;
-        let healthy = running && etcd::status(&self.node).await.is_ok();
+        let health = self.node.etcd_health.state();
         let events = self.node.etcd_events();
-        let last = events.last().map(|e| e.at);
         machine::ServiceInfo {
             id: "etcd".into(),
             state: if running { "Running" } else { "Finished" }.into(),
@@ -89,14 +91,10 @@ impl Machined {
                     .collect(),
             }),
             health: Some(machine::ServiceHealth {
-                unknown: !running,
-                healthy,
-                last_message: if running && !healthy {
-                    "etcd does not answer".into()
-                } else {
-                    String::new()
-                },
-                last_change: last.map(timestamp),
+                unknown: health.unknown,
+                healthy: health.healthy,
+                last_message: health.message,
+                last_change: health.last_change.map(timestamp),
             }),
         }
     }

@@ -89,18 +89,16 @@ const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
 /// Waits for the local etcd member to be running and healthy and returns
 /// its id, as upstream's GetLocalMemberID (internal/pkg/etcd/local.go)
 /// waits for the etcd.Member resource, which exists only while the etcd
-/// service runs and passes its quorum health check. After
-/// `local_member_wait` (3 min upstream) it fails with the context's error:
-/// DeadlineExceeded. (Upstream's health check runs every 20 s, so the
-/// resource lags etcd's state by up to that; the simulator looks at once.)
+/// service runs and its health check (a linearizable read, which a learner
+/// refuses) last passed. After `local_member_wait` (3 min upstream) it
+/// fails with the context's error: DeadlineExceeded.
 async fn wait_local_member_id(node: &Node, shared: &Shared) -> Result<u64, Status> {
     let deadline = Instant::now() + shared.cfg.timing.local_member_wait;
     loop {
-        if node.etcd_running().await {
+        if node.etcd_running().await && node.etcd_health.is_healthy() {
             let url = node.etcd_client_url();
             if let Ok(client) = EtcdClient::connect(std::slice::from_ref(&url)).await
                 && let Ok(status) = client.status(&url).await
-                && status.leader != 0
                 && let Some(header) = status.header
             {
                 return Ok(header.member_id);

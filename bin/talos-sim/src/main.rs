@@ -89,7 +89,9 @@ struct UpArgs {
     json: bool,
     /// Divide Talos's fixed waits and retry schedules (EtcdLeaveCluster's
     /// 10 s retry interval and 5 min limit, the 3 min wait for the local etcd
-    /// member) by N. The default, 1, keeps upstream's values.
+    /// member, the learner promotion's 15 s retry, member add's 3 s retry,
+    /// the etcd health check's 5 s delay and 20 s period) by N. The
+    /// default, 1, keeps upstream's values.
     #[arg(long, default_value_t = 1, value_name = "N")]
     timing_divisor: u32,
 }

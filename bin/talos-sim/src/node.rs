@@ -102,7 +102,11 @@ pub struct Node {
     /// The API being served: the token that stops it, and whether it
     /// presents the cluster's certificate.
     front: Mutex<Option<(CancellationToken, bool)>>,
-    events: Mutex<Vec<ServiceEvent>>,
+    events: Arc<Mutex<Vec<ServiceEvent>>>,
+    /// The etcd service's health checker.
+    pub(crate) etcd_health: super::etcd_health::EtcdHealth,
+    /// The Talos schedules this node runs on.
+    pub(crate) timing: super::TalosTiming,
     pub(crate) reset_lock: tokio::sync::Mutex<()>,
     /// A read fault armed for the next snapshot: bytes sent before it.
     snapshot_fault: Mutex<Option<u64>>,
@@ -122,6 +126,7 @@ pub(crate) struct NodeLayout {
     pub maintenance_tls: Arc<ServerConfig>,
     pub maintenance_fingerprint: String,
     pub worker: bool,
+    pub timing: super::TalosTiming,
 }
 
 impl Node {
@@ -153,7 +158,9 @@ impl Node {
             apply_lock: tokio::sync::Mutex::new(()),
             power: Mutex::new(Power::Off),
             front: Mutex::new(None),
-            events: Mutex::new(Vec::new()),
+            events: Arc::new(Mutex::new(Vec::new())),
+            etcd_health: super::etcd_health::EtcdHealth::new(),
+            timing: layout.timing,
             reset_lock: tokio::sync::Mutex::new(()),
             snapshot_fault: Mutex::new(None),
         };
@@ -280,14 +287,7 @@ impl Node {
     }
 
     fn record(&self, message: impl Into<String>, state: &str) {
-        let mut events = self.events.lock().expect("events lock");
-        events.push(ServiceEvent {
-            message: message.into(),
-            state: state.to_string(),
-            at: SystemTime::now(),
-        });
-        let excess = events.len().saturating_sub(20);
-        events.drain(..excess);
+        record_event(&self.events, message, state);
     }
 
     /// The etcd service's recent events.
@@ -322,7 +322,9 @@ impl Node {
         let process =
             EtcdProcess::start(self.spec(initial_cluster, state), &self.etcd_log()).await?;
         *slot = Some(process);
-        self.record("Health check successful", "Running");
+        self.record("Started task etcd for container etcd", "Running");
+        self.etcd_health
+            .start(self.etcd_client_url(), self.timing, self.events.clone());
         Ok(())
     }
 
@@ -340,6 +342,7 @@ impl Node {
     /// as when the etcd service fails: the member stays in the cluster.
     pub async fn stop_etcd(&self) {
         if let Some(process) = self.etcd.lock().await.take() {
+            self.etcd_health.stop();
             self.record("Stopping service", "Stopping");
             process.stop().await;
             self.record("Service finished successfully", "Finished");
@@ -377,6 +380,7 @@ impl Node {
 
     /// Kills etcd without waiting (for use in `Drop`).
     pub(crate) fn kill_etcd_now(&self) {
+        self.etcd_health.stop();
         if let Ok(mut slot) = self.etcd.try_lock() {
             drop(slot.take());
         }
@@ -513,4 +517,20 @@ pub(crate) fn user_volume_names(config: &str) -> Vec<String> {
         .filter(|doc| doc.kind.as_deref() == Some("UserVolumeConfig"))
         .filter_map(|doc| doc.name)
         .collect()
+}
+
+/// Appends to a service's event history, keeping the last 20 entries.
+pub(crate) fn record_event(
+    events: &Mutex<Vec<ServiceEvent>>,
+    message: impl Into<String>,
+    state: &str,
+) {
+    let mut events = events.lock().expect("events lock");
+    events.push(ServiceEvent {
+        message: message.into(),
+        state: state.to_string(),
+        at: SystemTime::now(),
+    });
+    let excess = events.len().saturating_sub(20);
+    events.drain(..excess);
 }

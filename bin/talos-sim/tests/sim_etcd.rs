@@ -143,13 +143,15 @@ async fn alarms_defragment_and_services() {
 
     client.etcd_defragment().await.expect("defragment");
 
-    let services = client.service_list().await.unwrap();
-    let etcd = services
-        .iter()
-        .find(|s| s.id == "etcd")
-        .expect("etcd service");
+    // Healthy once the service's first health check has run.
+    let etcd = wait_for("etcd to be healthy", Duration::from_secs(10), || async {
+        let services = client.service_list().await.ok()?;
+        services
+            .into_iter()
+            .find(|s| s.id == "etcd" && s.health.healthy)
+    })
+    .await;
     assert_eq!(etcd.state, "Running");
-    assert!(etcd.health.healthy);
     assert_eq!(client.hostname().await.unwrap(), "cp-1");
 }
 

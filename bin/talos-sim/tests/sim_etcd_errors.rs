@@ -17,6 +17,7 @@ fn short_timing() -> TalosTiming {
         leave_retry_interval: Duration::from_millis(200),
         leave_retry_limit: Duration::from_secs(2),
         local_member_wait: Duration::from_secs(1),
+        ..TalosTiming::scaled_down(100)
     }
 }
 

@@ -1,0 +1,88 @@
+//! The join path on a schedule ten times faster than upstream's; see
+//! sim_join_upstream.rs for the same on upstream's own timings.
+
+mod join_common;
+
+use std::time::{Duration, Instant};
+
+use talos_client::client::ResetRequest;
+use talos_sim::TalosTiming;
+use talos_test_support::sim::{SimCluster, wait_for};
+
+#[tokio::test]
+async fn learner_is_promoted_after_the_retry_interval_and_unhealthy_until_then() {
+    join_common::learner_is_promoted_on_schedule_and_unhealthy_until_then(
+        TalosTiming::scaled_down(10),
+    )
+    .await;
+}
+
+/// Leave and forfeit find the local member through a resource that exists
+/// only while the etcd service is running and healthy (internal/pkg/etcd/
+/// local.go, GetLocalMemberID): on a learner they wait and time out.
+#[tokio::test]
+async fn leave_and_forfeit_on_a_learner_wait_for_a_healthy_member() {
+    let timing = TalosTiming {
+        promote_interval: Duration::from_secs(600),
+        local_member_wait: Duration::from_secs(2),
+        ..TalosTiming::scaled_down(10)
+    };
+    let sim = SimCluster::start_with(3, |cfg| cfg.timing = timing).await;
+    let added = sim.cluster.add_node().await.expect("add node");
+    let client = sim.admin().node(added.ip.to_string());
+    for call in ["leave", "forfeit"] {
+        let started = Instant::now();
+        let result = match call {
+            "leave" => client.etcd_leave_cluster().await.map(drop),
+            _ => client.etcd_forfeit_leadership().await.map(drop),
+        };
+        let err = result.expect_err("a learner has no healthy local member");
+        assert!(
+            err.to_string()
+                .contains("failed to get local etcd member ID"),
+            "{call}: {err}"
+        );
+        assert!(
+            started.elapsed() >= timing.local_member_wait,
+            "{call} waited"
+        );
+    }
+    let members = sim.admin().etcd_member_list(false).await.unwrap();
+    assert!(
+        members.iter().any(|m| m.hostname == "cp-4" && m.is_learner),
+        "the learner is still a member: {members:?}"
+    );
+}
+
+/// A node reset without a leave (only EPHEMERAL wiped) rejoins under its
+/// old name: the join first removes the stale member of that name
+/// (internal/app/machined/pkg/system/services/etcd.go, addMember).
+#[tokio::test]
+async fn a_node_reset_without_leave_rejoins_under_its_old_name() {
+    let sim = SimCluster::start(3).await;
+    let admin = sim.admin();
+    let before = admin.etcd_member_list(false).await.unwrap();
+    let old = before.iter().find(|m| m.hostname == "cp-3").unwrap().id;
+    admin
+        .node(sim.ip(3))
+        .reset(ResetRequest {
+            graceful: false,
+            reboot: true,
+            system_labels_to_wipe: vec!["EPHEMERAL".into()],
+            ..ResetRequest::default()
+        })
+        .await
+        .expect("reset accepted");
+    let rejoined = wait_for(
+        "cp-3 to rejoin as a voter",
+        Duration::from_secs(90),
+        || async {
+            let members = admin.node(sim.ip(1)).etcd_member_list(false).await.ok()?;
+            let cp3: Vec<_> = members.iter().filter(|m| m.hostname == "cp-3").collect();
+            (members.len() == 3 && cp3.len() == 1 && cp3[0].id != old && !cp3[0].is_learner)
+                .then(|| cp3[0].id)
+        },
+    )
+    .await;
+    assert_ne!(rejoined, old);
+}

@@ -126,7 +126,7 @@ pub fn default_machine_config(cfg: &SimConfig, ca: &Ca) -> String {
          install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{version}\n\
          cluster:\n  clusterName: talos-sim\n  controlPlane:\n    endpoint: https://{ip}:6443\n  \
          etcd:\n    advertisedSubnets:\n      - 127.0.0.0/8\n",
-        version = super::SIMULATED_TALOS_VERSION,
+        version = cfg.talos_version.tag(),
         ip = cfg.node_ip(1),
         ca_crt = b64(&ca.cert_pem),
         ca_key = b64(ca.key_pem()),
@@ -478,6 +478,7 @@ impl Shared {
                 maintenance_fingerprint,
                 worker: kind == NodeKind::Worker,
                 timing: cfg.timing,
+                version: cfg.talos_version,
             },
             match kind {
                 NodeKind::ControlPlane => Some(self.machine_config.clone()),

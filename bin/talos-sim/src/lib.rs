@@ -159,6 +159,8 @@ pub struct SimConfig {
     /// Waits and retries Talos runs on a fixed schedule; upstream's values
     /// unless a test or `talos-sim up --timing-divisor` scales them down.
     pub timing: TalosTiming,
+    /// The Talos release the nodes start on.
+    pub talos_version: TalosVersion,
 }
 
 /// The fixed waits and retry schedules of Talos that the simulator
@@ -255,8 +257,50 @@ impl Default for TalosTiming {
     }
 }
 
-/// The Talos release whose API behaviour the simulator follows.
+/// The Talos release whose API behaviour the simulator follows by default.
 pub const SIMULATED_TALOS_VERSION: &str = "v1.13.9";
+
+/// A Talos release whose behaviour a simulated node follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TalosVersion {
+    /// Talos v1.13.9 (the default).
+    #[default]
+    V1_13_9,
+    /// Talos v1.14.0: REBOOT apply mode refused, AUTO never reboots, etcd
+    /// on its own `ETCD` volume, etcd 3.7.
+    V1_14_0,
+}
+
+impl TalosVersion {
+    /// The tag Version reports.
+    pub fn tag(self) -> &'static str {
+        match self {
+            TalosVersion::V1_13_9 => "v1.13.9",
+            TalosVersion::V1_14_0 => "v1.14.0",
+        }
+    }
+
+    /// Whether this release is 1.14 or later.
+    pub fn at_least_1_14(self) -> bool {
+        self != TalosVersion::V1_13_9
+    }
+}
+
+impl std::str::FromStr for TalosVersion {
+    type Err = SimError;
+
+    /// `1.13.9` or `1.14.0`, with or without a leading `v`.
+    fn from_str(s: &str) -> Result<TalosVersion, SimError> {
+        match s.trim_start_matches('v') {
+            "1.13.9" => Ok(TalosVersion::V1_13_9),
+            "1.14.0" => Ok(TalosVersion::V1_14_0),
+            other => Err(SimError::Refused(format!(
+                "talos version {other:?} is not simulated (choose 1.13.9 or 1.14.0)"
+            ))),
+        }
+    }
+}
 
 /// The first address of the default layout: nodes are 127.0.0.11, .12, ...
 pub const DEFAULT_BASE_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 10);
@@ -276,6 +320,7 @@ impl SimConfig {
             quota_backend_bytes: 8 << 30,
             workers: 0,
             timing: TalosTiming::UPSTREAM,
+            talos_version: TalosVersion::default(),
         }
     }
 

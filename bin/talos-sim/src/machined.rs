@@ -12,7 +12,7 @@ use super::cluster::Shared;
 use super::diff;
 use super::immediate;
 use super::machined_etcd as etcd;
-use super::node::{Node, SYSTEM_VOLUMES};
+use super::node::{Node, system_volumes};
 use crate::api::cluster::{HealthCheckProgress, HealthCheckRequest};
 use crate::api::machine::{self, apply_configuration_request::Mode};
 use crate::api::server::cluster::cluster_service_server::ClusterService;
@@ -146,7 +146,10 @@ impl Machined {
         }
         Ok(match mode {
             WipeMode::UserDisks => Vec::new(),
-            _ => SYSTEM_VOLUMES.iter().map(|s| s.to_string()).collect(),
+            _ => system_volumes(self.node.talos_version())
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
         })
     }
 
@@ -226,16 +229,20 @@ impl MachineService for Machined {
             messages: vec![machine::Version {
                 metadata: None,
                 version: Some(machine::VersionInfo {
-                    tag: super::SIMULATED_TALOS_VERSION.into(),
+                    tag: self.node.talos_version().tag().into(),
                     sha: "talos-sim".into(),
                     built: String::new(),
                     go_version: format!("talos-sim {}", env!("CARGO_PKG_VERSION")),
                     os: "linux".into(),
                     arch: go_arch().into(),
                 }),
+                // A simulated node behaves as an installed machine (Reset
+                // leaves etcd and wipes, which container mode skips): it
+                // reports the metal platform in metal mode
+                // (internal/app/machined/pkg/runtime/mode.go, Mode.String).
                 platform: Some(machine::PlatformInfo {
-                    name: "talos-sim".into(),
-                    mode: "container".into(),
+                    name: "metal".into(),
+                    mode: "metal".into(),
                 }),
                 features: self
                     .node
@@ -327,7 +334,17 @@ impl MachineService for Machined {
         // Whether the change can take effect without a reboot decides the
         // mode, as upstream's ApplyConfiguration does (v1alpha1_server.go,
         // CanApplyImmediate in v1alpha1_runtime.go).
+        // Talos 1.14 refuses REBOOT, and applies AUTO, NO_REBOOT and TRY in
+        // place without the immediate-apply check (v1alpha1_server.go at
+        // v1.14.0).
+        let v1_14 = self.node.talos_version().at_least_1_14();
+        if v1_14 && mode == Mode::Reboot {
+            return Err(Status::unimplemented(
+                "the REBOOT mode is not supported, please use AUTO or NO_REBOOT modes instead",
+            ));
+        }
         let immediate = || match &current {
+            _ if v1_14 => Ok(()),
             Ok(current) => immediate::check(current, &config),
             Err(_) => Ok(()),
         };

@@ -21,6 +21,9 @@ use super::go_errors::{EtcdError, etcd_returned, etcd_wrapped};
 use super::node::Node;
 use crate::api::{common, etcdserverpb as pb, machine};
 
+/// The etcd release Talos 1.14.0 runs.
+pub(crate) const ETCD_VERSION_1_14: &str = "3.7.1";
+
 /// Talos streams snapshots in chunks of this size (pkg/chunker/stream).
 pub(crate) const SNAPSHOT_CHUNK: usize = 1024;
 
@@ -397,9 +400,17 @@ pub(crate) async fn status(node: &Node) -> Result<machine::EtcdMemberStatus, Sta
     } else {
         s.storage_version
     };
+    // A 1.14 node runs etcd 3.7 (constants.DefaultEtcdVersion at v1.14.0);
+    // the simulator's etcd binary is whatever is installed, so the profile
+    // reports the version that node would run.
+    let (protocol_version, storage_version) = if node.talos_version().at_least_1_14() {
+        (ETCD_VERSION_1_14.to_string(), "3.7.0".to_string())
+    } else {
+        (s.version, storage_version)
+    };
     Ok(machine::EtcdMemberStatus {
         member_id: s.header.map(|h| h.member_id).unwrap_or_default(),
-        protocol_version: s.version,
+        protocol_version,
         db_size: s.db_size,
         db_size_in_use: s.db_size_in_use,
         leader: s.leader,

@@ -94,6 +94,10 @@ struct UpArgs {
     /// default, 1, keeps upstream's values.
     #[arg(long, default_value_t = 1, value_name = "N")]
     timing_divisor: u32,
+    /// The Talos release the nodes behave as: 1.13.9 (the default) or
+    /// 1.14.0.
+    #[arg(long, default_value = "1.13.9", value_name = "VERSION")]
+    talos_version: String,
 }
 
 #[tokio::main]
@@ -145,6 +149,8 @@ fn lock_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
 }
 
 async fn up(args: UpArgs) -> anyhow::Result<()> {
+    let talos_version: talos_sim::TalosVersion =
+        args.talos_version.parse().context("--talos-version")?;
     let (dir, _temporary) = match args.dir {
         Some(dir) => (dir, None),
         None => {
@@ -169,6 +175,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         bail!("--nodes must be at least 1");
     }
     cfg.timing = talos_sim::TalosTiming::scaled_down(args.timing_divisor);
+    cfg.talos_version = talos_version;
     let cluster = Cluster::up(cfg).await.context("starting the cluster")?;
     cluster.serve_control(&dir.join("control.sock"))?;
     if args.json {

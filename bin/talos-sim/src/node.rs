@@ -21,6 +21,20 @@ use super::etcd_process::{ClusterState, EtcdProcess, EtcdSpec};
 /// (v1alpha1_server.go, Reset).
 pub const SYSTEM_VOLUMES: [&str; 4] = ["STATE", "EPHEMERAL", "META", "IMAGECACHE"];
 
+/// The system volumes of a Talos 1.14 control plane: etcd's data has a
+/// volume of its own, `ETCD` (constants.EtcdDataVolumeID), so wiping STATE
+/// and EPHEMERAL leaves it behind.
+pub const SYSTEM_VOLUMES_1_14: [&str; 5] = ["STATE", "EPHEMERAL", "META", "IMAGECACHE", "ETCD"];
+
+/// The system volumes of a node running `version`.
+pub fn system_volumes(version: super::TalosVersion) -> &'static [&'static str] {
+    if version.at_least_1_14() {
+        &SYSTEM_VOLUMES_1_14
+    } else {
+        &SYSTEM_VOLUMES
+    }
+}
+
 /// A volume upstream knows but could not locate on any disk: the image
 /// cache's ISO volume, which only a boot from ISO provides.
 pub const UNLOCATED_VOLUMES: [&str; 1] = ["IMAGECACHE-ISO"];
@@ -107,6 +121,8 @@ pub struct Node {
     pub(crate) etcd_health: super::etcd_health::EtcdHealth,
     /// The Talos schedules this node runs on.
     pub(crate) timing: super::TalosTiming,
+    /// The Talos release the node runs.
+    version: Mutex<super::TalosVersion>,
     pub(crate) reset_lock: tokio::sync::Mutex<()>,
     /// A read fault armed for the next snapshot: bytes sent before it.
     snapshot_fault: Mutex<Option<u64>>,
@@ -127,6 +143,7 @@ pub(crate) struct NodeLayout {
     pub maintenance_fingerprint: String,
     pub worker: bool,
     pub timing: super::TalosTiming,
+    pub version: super::TalosVersion,
 }
 
 impl Node {
@@ -161,10 +178,11 @@ impl Node {
             events: Arc::new(Mutex::new(Vec::new())),
             etcd_health: super::etcd_health::EtcdHealth::new(),
             timing: layout.timing,
+            version: Mutex::new(layout.version),
             reset_lock: tokio::sync::Mutex::new(()),
             snapshot_fault: Mutex::new(None),
         };
-        for label in SYSTEM_VOLUMES {
+        for label in system_volumes(layout.version) {
             let path = node.volume(label);
             std::fs::create_dir_all(&path).map_err(|e| SimError::io(&path, e))?;
         }
@@ -182,9 +200,19 @@ impl Node {
         self.dir.join("volumes").join(label)
     }
 
-    /// etcd's data directory (on EPHEMERAL, as on Talos).
+    /// etcd's data directory: on EPHEMERAL up to Talos 1.13, on the
+    /// `ETCD` volume from 1.14.
     pub fn etcd_data_dir(&self) -> PathBuf {
-        self.volume("EPHEMERAL").join("etcd")
+        if self.talos_version().at_least_1_14() {
+            self.volume("ETCD").join("etcd")
+        } else {
+            self.volume("EPHEMERAL").join("etcd")
+        }
+    }
+
+    /// The Talos release the node runs.
+    pub fn talos_version(&self) -> super::TalosVersion {
+        *self.version.lock().expect("version lock")
     }
 
     /// Where the persisted machine configuration lives (on STATE).
@@ -449,7 +477,7 @@ impl Node {
     /// `UserVolumeConfig` documents in the active configuration (id `u-NAME`,
     /// constants.UserVolumePrefix).
     pub fn lookup_volume(&self, label: &str) -> VolumeLookup {
-        if SYSTEM_VOLUMES.contains(&label) {
+        if system_volumes(self.talos_version()).contains(&label) {
             return VolumeLookup::Located;
         }
         if UNLOCATED_VOLUMES.contains(&label) {

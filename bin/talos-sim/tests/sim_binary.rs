@@ -19,8 +19,14 @@ struct Up {
 
 impl Up {
     fn start(dir: &Path) -> Up {
+        Up::start_with(dir, &["--nodes", "3"])
+    }
+
+    fn start_with(dir: &Path, args: &[&str]) -> Up {
         let mut child = Command::new(env!("CARGO_BIN_EXE_talos-sim"))
-            .args(["up", "--isolated", "--nodes", "3", "--json", "--dir"])
+            .args(["up", "--isolated", "--json"])
+            .args(args)
+            .arg("--dir")
             .arg(dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -264,4 +270,39 @@ fn every_key_loads_in_openssl(dir: &Path) {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// `up --talos-version 1.14.0` runs the 1.14 profile: Version says so, and
+/// a REBOOT apply is refused with upstream's message (v1alpha1_server.go
+/// at v1.14.0); an unknown version is refused before anything starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_runs_the_1_14_profile_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_talos-sim"))
+        .args(["up", "--isolated", "--talos-version", "1.12.0", "--dir"])
+        .arg(dir.path().join("refused"))
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--talos-version"), "{stderr}");
+    assert!(!dir.path().join("refused").exists());
+
+    let up = Up::start_with(dir.path(), &["--nodes", "1", "--talos-version", "1.14.0"]);
+    let talosconfig = Path::new(up.json["talosconfig"].as_str().unwrap());
+    let config = TalosConfig::read(talosconfig).unwrap();
+    let context = config.resolve(&Overrides::default(), talosconfig).unwrap();
+    let client = Client::from_context(&context).unwrap();
+    assert_eq!(client.version().await.unwrap().tag, "v1.14.0");
+    let yaml = std::fs::read(dir.path().join("controlplane.yaml")).unwrap();
+    let request =
+        talos_client::client::ApplyRequest::new(yaml, talos_client::client::ApplyMode::Reboot);
+    match client.apply_configuration(request).await {
+        Err(talos_client::Error::Unimplemented(f)) => assert_eq!(
+            f.message,
+            "the REBOOT mode is not supported, please use AUTO or NO_REBOOT modes instead"
+        ),
+        other => panic!("expected Unimplemented, got {other:?}"),
+    }
+    up.stop();
 }

@@ -23,6 +23,7 @@
 pub mod api;
 mod auth;
 pub mod cluster;
+mod config_schema;
 pub mod control;
 mod dial;
 mod diff;
@@ -43,6 +44,7 @@ pub mod node;
 pub mod pki;
 mod proxy;
 pub mod serve;
+mod strict;
 pub mod tls;
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};

@@ -327,6 +327,7 @@ impl MachineService for Machined {
         let mode = Mode::try_from(request.mode).map_err(|_| {
             Status::invalid_argument(format!("unknown apply mode {}", request.mode))
         })?;
+        crate::strict::check(&request.data, self.node.talos_version())?;
         let config = diff::parse(&request.data)?;
         config.check_role(self.node.is_worker())?;
         let active = self.node.config.lock().expect("config lock").active.clone();

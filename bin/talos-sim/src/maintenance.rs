@@ -24,6 +24,7 @@ pub(crate) fn apply(
 ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
     let mode = Mode::try_from(request.mode)
         .map_err(|_| Status::invalid_argument(format!("unknown apply mode {}", request.mode)))?;
+    crate::strict::check(&request.data, node.talos_version())?;
     let config = diff::parse(&request.data)?;
     check_cluster_ca(shared, &config)?;
     let worker = config.is_worker();

@@ -642,14 +642,11 @@ impl ClusterService for Machined {
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<BoxStream<HealthCheckProgress>>, Status> {
         authorize(&request, "HealthCheck")?;
-        let wait = request
-            .into_inner()
-            .wait_timeout
-            .and_then(|d| Duration::try_from(d).ok())
-            .unwrap_or(Duration::from_secs(20));
+        self.node.check_controlplane("cluster health check")?;
+        let request = request.into_inner();
         let shared = self.shared.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
-        tokio::spawn(async move { crate::health::health_check(&shared, wait, tx).await });
+        tokio::spawn(crate::health::health_check(shared, request, tx));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))

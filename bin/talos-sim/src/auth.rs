@@ -30,7 +30,9 @@ fn allowed(method: &str) -> &'static [&'static str] {
             &[ADMIN, OPERATOR, READER, ETCD_BACKUP]
         }
         "EtcdAlarmDisarm" | "EtcdDefragment" | "Reboot" | "Shutdown" => &[ADMIN, OPERATOR],
-        "Version" | "Hostname" | "ServiceList" | "HealthCheck" => &[ADMIN, OPERATOR, READER],
+        "Version" | "Hostname" | "ServiceList" | "HealthCheck" | "Events" | "Logs" | "Dmesg" => {
+            &[ADMIN, OPERATOR, READER]
+        }
         // Readers only in maintenance mode, which the handler checks.
         "ApplyConfiguration" => &[ADMIN, READER],
         _ => &[ADMIN],

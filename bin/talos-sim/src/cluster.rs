@@ -203,6 +203,7 @@ impl Cluster {
         }
         for node in &created {
             crate::lifecycle::start_front(shared, node).await?;
+            crate::lifecycle::record_boot(node);
         }
         shared.wait_for_leader(Duration::from_secs(60)).await?;
         // Workers: configured, API only, no etcd.
@@ -217,6 +218,7 @@ impl Cluster {
             .extend(workers.iter().cloned());
         for node in &workers {
             crate::lifecycle::start_front(shared, node).await?;
+            crate::lifecycle::record_boot(node);
         }
         Ok(())
     }
@@ -395,9 +397,10 @@ impl Shared {
         let node = Arc::new(self.create_node(index, kind)?);
         self.nodes.write().expect("nodes lock").push(node.clone());
         if !maintenance {
-            crate::lifecycle::join_etcd(self, &node).await?;
+            crate::lifecycle::join_etcd(self, &node, false).await?;
         }
         crate::lifecycle::start_front(self, &node).await?;
+        crate::lifecycle::record_boot(&node);
         Ok(NodeInfo::of(&node))
     }
 

@@ -11,10 +11,16 @@ use super::SimError;
 use super::cluster::Shared;
 use super::etcd_client::EtcdClient;
 use super::etcd_process::ClusterState;
+use super::events::publish;
 use super::front;
 use super::machined::Machined;
 use super::node::{Node, Power};
 use super::serve::{serve_http2, tls_incoming};
+use crate::api::machine::machine_status_event::MachineStage;
+
+/// How long the API stays up after a sequence's last event, so that
+/// watchers receive it before the node goes down.
+const EVENTS_GRACE: Duration = Duration::from_millis(200);
 
 /// Serves the node's API on its address until its power goes off.
 pub(crate) async fn start_front(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), SimError> {
@@ -43,8 +49,22 @@ pub(crate) async fn power_off(node: &Node) {
 }
 
 /// Reboots a node: down for the boot delay, then up with its persisted
-/// (or staged) configuration.
-pub(crate) async fn reboot(shared: &Arc<Shared>, node: &Arc<Node>) {
+/// (or staged) configuration. The events are those of upstream's reboot
+/// sequence (runtime/v1alpha1/v1alpha1_sequencer.go, Reboot), under the
+/// call's actor id.
+pub(crate) async fn reboot(shared: &Arc<Shared>, node: &Arc<Node>, actor: &str) {
+    let log = &node.runtime_events;
+    publish::sequence(log, "reboot", true, "", actor);
+    publish::stage(log, MachineStage::Rebooting, false, actor);
+    for (phase, task) in [
+        ("cleanup", "stopAllPods"),
+        ("dbus", "stopDBus"),
+        ("stopEverything", "stopAllServices"),
+        ("reboot", "reboot"),
+    ] {
+        publish::phase_with_task(log, phase, task, actor);
+    }
+    tokio::time::sleep(EVENTS_GRACE).await;
     node.set_front(None);
     node.set_power(Power::Rebooting);
     node.stop_etcd().await;
@@ -65,19 +85,39 @@ pub(crate) async fn reboot(shared: &Arc<Shared>, node: &Arc<Node>) {
 /// Brings a node up: etcd from its data (or joining the cluster anew when
 /// its data was wiped but it still has a configuration), then its API.
 pub(crate) async fn boot(shared: &Arc<Shared>, node: &Arc<Node>) {
+    // machined's event log and the kernel's ring buffer live in memory.
+    node.runtime_events.clear();
+    *node.kmsg.lock().expect("kmsg lock") = Vec::new();
+    super::events::kernel_boot_messages(node);
+    let log = &node.runtime_events;
+    publish::sequence(log, "boot", true, "", "");
+    publish::stage(log, MachineStage::Booting, false, "");
     if node.is_control_plane() {
-        let started = if node.etcd_data_dir().join("member").exists() {
-            node.restart_etcd().await
+        if node.etcd_data_dir().join("member").exists() {
+            if let Err(e) = node.restart_etcd().await {
+                tracing::warn!(node = %node.name, error = %e, "etcd did not start after boot");
+            }
         } else {
-            join_etcd(shared, node).await
-        };
-        if let Err(e) = started {
-            tracing::warn!(node = %node.name, error = %e, "etcd did not start after boot");
+            // The etcd service joins in the background while the API
+            // serves (it waits, printing its bootstrap hint, upstream).
+            let (shared, node) = (shared.clone(), node.clone());
+            tokio::spawn(async move {
+                if let Err(e) = join_etcd(&shared, &node, true).await {
+                    tracing::warn!(node = %node.name, error = %e, "etcd did not join after boot");
+                }
+            });
         }
     }
     if let Err(e) = start_front(shared, node).await {
         tracing::warn!(node = %node.name, error = %e, "node API did not start after boot");
     }
+    publish::sequence(log, "boot", false, "", "");
+    let stage = if node.is_configured() {
+        MachineStage::Running
+    } else {
+        MachineStage::Maintenance
+    };
+    publish::stage(log, stage, true, "");
 }
 
 /// The reset sequence, after the call has been answered: leave etcd when
@@ -88,15 +128,47 @@ pub(crate) async fn reset(
     graceful: bool,
     reboot: bool,
     labels: &[String],
+    by_spec: bool,
+    actor: &str,
 ) {
     let _one_reset = node.reset_lock.lock().await;
-    if graceful
-        && node.etcd_running().await
-        && let Err(status) = super::machined_etcd::leave_cluster(node, shared).await
-    {
-        tracing::warn!(node = %node.name, error = %status.message(), "reset aborted: leaving etcd failed");
-        return;
+    let log = &node.runtime_events;
+    publish::sequence(log, "reset", true, "", actor);
+    publish::stage(log, MachineStage::Resetting, false, actor);
+    publish::phase_with_task(log, "cleanup", "stopAllPods", actor);
+    publish::phase_with_task(log, "dbus", "stopDBus", actor);
+    if graceful {
+        publish::phase(log, "leave", true, actor);
+        publish::task(log, "leaveEtcd", true, actor);
+        if node.etcd_running().await
+            && let Err(status) = super::machined_etcd::leave_cluster(node, shared).await
+        {
+            tracing::warn!(node = %node.name, error = %status.message(), "reset aborted: leaving etcd failed");
+            publish::sequence(log, "reset", false, status.message(), actor);
+            publish::stage(log, MachineStage::Running, true, actor);
+            return;
+        }
+        publish::task(log, "leaveEtcd", false, actor);
+        publish::phase(log, "leave", false, actor);
     }
+    // The phases run in upstream's order (runtime/v1alpha1/
+    // v1alpha1_sequencer.go, Reset); the API goes away with them, so
+    // what remains is published first.
+    publish::phase_with_task(log, "preReset", "sendResetSignal", actor);
+    publish::phase_with_task(log, "stopEverything", "stopAllServices", actor);
+    publish::phase_with_task(log, "forceCleanup", "forceCleanup", actor);
+    if !by_spec {
+        publish::phase_with_task(log, "reset", "resetSystemDisk", actor);
+    } else {
+        publish::phase_with_task(log, "resetSpec", "resetSystemDiskSpec", actor);
+    }
+    if reboot {
+        publish::phase_with_task(log, "reboot", "reboot", actor);
+    } else {
+        publish::phase_with_task(log, "shutdown", "shutdown", actor);
+    }
+    // The API serves through the sequence: its watchers get the events.
+    tokio::time::sleep(EVENTS_GRACE).await;
     node.set_front(None);
     node.set_power(Power::Rebooting);
     node.stop_etcd().await;
@@ -121,10 +193,22 @@ pub(crate) async fn reset(
 /// second learner waits for the first to be promoted; promotion starts
 /// before etcd does (so its first attempt fails) and is retried every
 /// `promote_interval` plus jitter.
-pub(crate) async fn join_etcd(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), SimError> {
+/// With `after_boot`, the join gives up when the node powers off.
+pub(crate) async fn join_etcd(
+    shared: &Arc<Shared>,
+    node: &Arc<Node>,
+    after_boot: bool,
+) -> Result<(), SimError> {
     let timing = node.timing;
     let deadline = Instant::now() + timing.join_limit;
     let (client, initial_cluster, member_id) = loop {
+        // Bootstrapped meanwhile, or gone down: this join has no purpose.
+        if node.etcd_running().await {
+            return Ok(());
+        }
+        if after_boot && node.power() == Power::Off {
+            return Err(SimError::Refused("the node powered off".into()));
+        }
         match add_member(shared, node).await {
             Ok(joined) => break joined,
             Err(e) => {
@@ -255,6 +339,22 @@ pub(crate) async fn bootstrap(
     node.start_etcd(initial_cluster, ClusterState::New)
         .await
         .map_err(|e| Status::unknown(e.to_string()))
+}
+
+/// The events and kernel messages of a node that has just booted, for a
+/// node started with the cluster or added to it.
+pub(crate) fn record_boot(node: &Node) {
+    super::events::kernel_boot_messages(node);
+    let log = &node.runtime_events;
+    publish::sequence(log, "boot", true, "", "");
+    publish::stage(log, MachineStage::Booting, false, "");
+    publish::sequence(log, "boot", false, "", "");
+    let stage = if node.is_configured() {
+        MachineStage::Running
+    } else {
+        MachineStage::Maintenance
+    };
+    publish::stage(log, stage, true, "");
 }
 
 /// Binds the API address, retrying briefly while a previous listener of the

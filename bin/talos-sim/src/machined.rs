@@ -9,12 +9,10 @@ use tonic::{Request, Response, Status};
 
 use super::auth::authorize;
 use super::cluster::Shared;
-use super::diff;
-use super::immediate;
 use super::machined_etcd as etcd;
 use super::node::{Node, system_volumes};
 use crate::api::cluster::{HealthCheckProgress, HealthCheckRequest};
-use crate::api::machine::{self, apply_configuration_request::Mode};
+use crate::api::machine;
 use crate::api::server::cluster::cluster_service_server::ClusterService;
 use crate::api::server::machine::machine_service_server::MachineService;
 use crate::api::{common, machine::reset_request::WipeMode};
@@ -27,7 +25,7 @@ pub(crate) const DEFAULT_TRY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long an accepted reboot, shutdown or reset waits before the node
 /// goes down, so the answer reaches the caller first.
-const ACTION_DELAY: Duration = Duration::from_millis(200);
+pub(crate) const ACTION_DELAY: Duration = Duration::from_millis(200);
 
 /// One node's Talos API implementation.
 #[derive(Clone)]
@@ -152,70 +150,6 @@ impl Machined {
                 .collect(),
         })
     }
-
-    /// Applies a validated configuration in `mode`; returns the details line.
-    fn apply(&self, config: String, mode: Mode, try_timeout: Duration) -> Result<String, Status> {
-        let node = &self.node;
-        let mut state = node.config.lock().expect("config lock");
-        if mode != Mode::Try
-            && let Some(rollback) = state.rollback.take()
-        {
-            // A later non-TRY apply confirms the tried configuration.
-            rollback.abort();
-        }
-        let persist = |yaml: &str| {
-            node.persist_config(yaml)
-                .map_err(|e| Status::internal(format!("failed to persist config: {e}")))
-        };
-        Ok(match mode {
-            Mode::Try => {
-                if let Some(previous) = state.rollback.take() {
-                    previous.abort();
-                }
-                // The rollback goes back to the configuration active now,
-                // which after an earlier TRY is that TRY's, not the
-                // persisted one (v1alpha1_runtime.go, RollbackToConfigAfter).
-                let before = std::mem::replace(&mut state.active, config);
-                let task = tokio::spawn(roll_back_after(node.clone(), before, try_timeout));
-                state.rollback = Some(task.abort_handle());
-                format!(
-                    "Applied configuration without a reboot\nThe config is applied in 'try' mode and will be automatically reverted back in {}",
-                    diff::go_duration(try_timeout)
-                )
-            }
-            Mode::NoReboot | Mode::Auto => {
-                persist(&config)?;
-                state.active = config;
-                "Applied configuration without a reboot".into()
-            }
-            Mode::Staged => {
-                persist(&config)?;
-                "Staged configuration to be applied after the next reboot".into()
-            }
-            Mode::Reboot => {
-                persist(&config)?;
-                state.rebooting = true;
-                let shared = self.shared.clone();
-                let node = node.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(ACTION_DELAY).await;
-                    crate::lifecycle::reboot(&shared, &node).await;
-                });
-                "Applied configuration with a reboot".into()
-            }
-        })
-    }
-}
-
-/// Restores `previous`, the configuration active when a TRY apply started,
-/// unless it is confirmed within `timeout` (upstream's
-/// RollbackToConfigAfter); a zero timeout rolls back at once.
-async fn roll_back_after(node: Arc<Node>, previous: String, timeout: Duration) {
-    tokio::time::sleep(timeout).await;
-    let mut state = node.config.lock().expect("config lock");
-    tracing::info!(node = %node.name, "rolling back the configuration applied in try mode");
-    state.active = previous;
-    state.rollback = None;
 }
 
 #[tonic::async_trait]
@@ -289,117 +223,7 @@ impl MachineService for Machined {
         request: Request<machine::ApplyConfigurationRequest>,
     ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
         authorize(&request, "ApplyConfiguration")?;
-        let _guard = self.node.apply_lock.try_lock().map_err(|_| {
-            Status::failed_precondition("another apply configuration is already in progress")
-        })?;
-        if self.node.config.lock().expect("config lock").rebooting {
-            return Err(Status::failed_precondition(
-                "configuration was already applied and node is rebooting, cannot apply more configuration changes until next reboot",
-            ));
-        }
-        if !self.node.is_configured() {
-            return crate::maintenance::apply(
-                &self.shared,
-                &self.node,
-                request.into_inner(),
-                ACTION_DELAY,
-            );
-        }
-        if !super::auth::is_admin(&request) {
-            return Err(Status::permission_denied("not authorized"));
-        }
-        let request = request.into_inner();
-        // Talos 1.13.9 cancels a pending TRY rollback for any request that is
-        // not itself TRY, before parsing or validating it: dry runs and
-        // invalid configurations included (v1alpha1_server.go; fixed after
-        // 1.13.9, talos#14343). The simulator reports 1.13.9.
-        if request.mode != Mode::Try as i32
-            && let Some(rollback) = self
-                .node
-                .config
-                .lock()
-                .expect("config lock")
-                .rollback
-                .take()
-        {
-            rollback.abort();
-        }
-        let mode = Mode::try_from(request.mode).map_err(|_| {
-            Status::invalid_argument(format!("unknown apply mode {}", request.mode))
-        })?;
-        crate::strict::check(&request.data, self.node.talos_version())?;
-        let config = diff::parse(&request.data)?;
-        config.check_role(self.node.is_worker())?;
-        let active = self.node.config.lock().expect("config lock").active.clone();
-        let current = diff::parse(active.as_bytes());
-        // Whether the change can take effect without a reboot decides the
-        // mode, as upstream's ApplyConfiguration does (v1alpha1_server.go,
-        // CanApplyImmediate in v1alpha1_runtime.go).
-        // Talos 1.14 refuses REBOOT, and applies AUTO, NO_REBOOT and TRY in
-        // place without the immediate-apply check (v1alpha1_server.go at
-        // v1.14.0).
-        let v1_14 = self.node.talos_version().at_least_1_14();
-        if v1_14 && mode == Mode::Reboot {
-            return Err(Status::unimplemented(
-                "the REBOOT mode is not supported, please use AUTO or NO_REBOOT modes instead",
-            ));
-        }
-        let immediate = || match &current {
-            _ if v1_14 => Ok(()),
-            Ok(current) => immediate::check(current, &config),
-            Err(_) => Ok(()),
-        };
-        let mut mode_error = String::new();
-        let (mode, details) = match mode {
-            Mode::Try | Mode::NoReboot => {
-                immediate().map_err(Status::invalid_argument)?;
-                (mode, "Applied configuration without a reboot")
-            }
-            Mode::Auto => match immediate() {
-                Ok(()) => (Mode::NoReboot, "Applied configuration without a reboot"),
-                Err(e) => {
-                    mode_error = format!(": {e}");
-                    (Mode::Reboot, "Applied configuration with a reboot")
-                }
-            },
-            Mode::Staged => (
-                Mode::Staged,
-                "Staged configuration to be applied after the next reboot",
-            ),
-            Mode::Reboot => (Mode::Reboot, "Applied configuration with a reboot"),
-        };
-        let config = config.encode();
-        if request.dry_run {
-            let old = diff::normalize(active.as_bytes()).unwrap_or(active);
-            let mut changes = diff::unified(&old, &config);
-            if changes.is_empty() {
-                changes = "No changes.".into();
-            }
-            return one(machine::ApplyConfigurationResponse {
-                messages: vec![machine::ApplyConfiguration {
-                    metadata: None,
-                    warnings: vec![],
-                    mode: mode as i32,
-                    mode_details: format!(
-                        "Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{changes}"
-                    ),
-                }],
-            });
-        }
-        // Unset: the default; zero: an immediate rollback, as upstream.
-        let try_timeout = match request.try_mode_timeout {
-            None => DEFAULT_TRY_TIMEOUT,
-            Some(d) => Duration::try_from(d).unwrap_or(Duration::ZERO),
-        };
-        let mode_details = self.apply(config, mode, try_timeout)? + &mode_error;
-        one(machine::ApplyConfigurationResponse {
-            messages: vec![machine::ApplyConfiguration {
-                metadata: None,
-                warnings: vec![],
-                mode: mode as i32,
-                mode_details,
-            }],
-        })
+        self.apply_configuration_call(request).await
     }
 
     async fn reset(
@@ -411,11 +235,21 @@ impl MachineService for Machined {
         let targets = self.reset_targets(&request)?;
         let actor = actor_id();
         let (shared, node) = (self.shared.clone(), self.node.clone());
+        let by_spec = !request.system_partitions_to_wipe.is_empty();
+        let sequence_actor = actor.clone();
         // Like upstream, the reset sequence runs after the call returns.
         tokio::spawn(async move {
             tokio::time::sleep(ACTION_DELAY).await;
-            crate::lifecycle::reset(&shared, &node, request.graceful, request.reboot, &targets)
-                .await;
+            crate::lifecycle::reset(
+                &shared,
+                &node,
+                request.graceful,
+                request.reboot,
+                &targets,
+                by_spec,
+                &sequence_actor,
+            )
+            .await;
         });
         one(machine::ResetResponse {
             messages: vec![machine::Reset {
@@ -431,14 +265,16 @@ impl MachineService for Machined {
     ) -> Result<Response<machine::RebootResponse>, Status> {
         authorize(&request, "Reboot")?;
         let (shared, node) = (self.shared.clone(), self.node.clone());
+        let actor = actor_id();
+        let sequence_actor = actor.clone();
         tokio::spawn(async move {
             tokio::time::sleep(ACTION_DELAY).await;
-            crate::lifecycle::reboot(&shared, &node).await;
+            crate::lifecycle::reboot(&shared, &node, &sequence_actor).await;
         });
         one(machine::RebootResponse {
             messages: vec![machine::Reboot {
                 metadata: None,
-                actor_id: actor_id(),
+                actor_id: actor,
             }],
         })
     }
@@ -618,6 +454,33 @@ impl MachineService for Machined {
         one(machine::EtcdDefragmentResponse {
             messages: vec![machine::EtcdDefragment { metadata: None }],
         })
+    }
+
+    async fn events(
+        &self,
+        request: Request<machine::EventsRequest>,
+    ) -> Result<Response<BoxStream<machine::Event>>, Status> {
+        authorize(&request, "Events")?;
+        crate::machined_streams::events(&self.node, request.into_inner()).map(Response::new)
+    }
+
+    async fn logs(
+        &self,
+        request: Request<machine::LogsRequest>,
+    ) -> Result<Response<BoxStream<common::Data>>, Status> {
+        authorize(&request, "Logs")?;
+        crate::machined_streams::logs(&self.node, request.into_inner()).map(Response::new)
+    }
+
+    async fn dmesg(
+        &self,
+        request: Request<machine::DmesgRequest>,
+    ) -> Result<Response<BoxStream<common::Data>>, Status> {
+        authorize(&request, "Dmesg")?;
+        Ok(Response::new(crate::machined_streams::dmesg(
+            &self.node,
+            request.into_inner(),
+        )))
     }
 
     async fn etcd_status(

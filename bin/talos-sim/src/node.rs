@@ -123,6 +123,10 @@ pub struct Node {
     pub(crate) timing: super::TalosTiming,
     /// The Talos release the node runs.
     version: Mutex<super::TalosVersion>,
+    /// machined's runtime events (Events).
+    pub(crate) runtime_events: super::events::EventLog,
+    /// The kernel's messages since boot (Dmesg).
+    pub(crate) kmsg: Mutex<Vec<String>>,
     pub(crate) reset_lock: tokio::sync::Mutex<()>,
     /// A read fault armed for the next snapshot: bytes sent before it.
     snapshot_fault: Mutex<Option<u64>>,
@@ -179,6 +183,8 @@ impl Node {
             etcd_health: super::etcd_health::EtcdHealth::new(),
             timing: layout.timing,
             version: Mutex::new(layout.version),
+            runtime_events: super::events::EventLog::new(),
+            kmsg: Mutex::new(Vec::new()),
             reset_lock: tokio::sync::Mutex::new(()),
             snapshot_fault: Mutex::new(None),
         };
@@ -225,7 +231,8 @@ impl Node {
         self.dir.join("etcd-recovery.snapshot")
     }
 
-    fn etcd_log(&self) -> PathBuf {
+    /// The etcd member's log (what `Logs` serves for `etcd`).
+    pub(crate) fn etcd_log(&self) -> PathBuf {
         self.dir.join("etcd.log")
     }
 
@@ -303,6 +310,16 @@ impl Node {
             Some((token, true)) if !token.is_cancelled() => Some(token.clone()),
             _ => None,
         }
+    }
+
+    /// The token of the API being served now, whichever certificate it
+    /// presents; it fires when the API goes down.
+    pub(crate) fn front_token(&self) -> Option<CancellationToken> {
+        self.front
+            .lock()
+            .expect("front lock")
+            .as_ref()
+            .map(|(token, _)| token.clone())
     }
 
     /// Records the API being served (its token, and whether it presents

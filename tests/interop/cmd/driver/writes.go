@@ -251,10 +251,21 @@ func (d *driver) etcdLeaveCluster(ctx context.Context) error {
 	return expect(client.StatusCode(err) == codes.NotFound, "removing the departed member again: %v, want NotFound", err)
 }
 
+// resetPowerOff resets the third node without a reboot while the official
+// client's event watch (EventsWatchV2, what talosctl's reset tracker uses)
+// follows it: the reset's events carry its actor id and go through its
+// sequence, phases and the stopAllServices task, then the stream ends and
+// the node stops answering.
 func (d *driver) resetPowerOff(ctx context.Context) error {
 	ip := d.ips[2]
+	nodeCtx := client.WithNode(ctx, ip)
 
-	resp, err := d.c.ResetGenericWithResponse(client.WithNode(ctx, ip), &machine.ResetRequest{
+	events := make(chan client.EventResult)
+	if err := d.c.EventsWatchV2(nodeCtx, events); err != nil {
+		return fmt.Errorf("watching events: %w", err)
+	}
+
+	resp, err := d.c.ResetGenericWithResponse(nodeCtx, &machine.ResetRequest{
 		Graceful: false,
 		Reboot:   false,
 		SystemPartitionsToWipe: []*machine.ResetPartitionSpec{
@@ -270,11 +281,70 @@ func (d *driver) resetPowerOff(ctx context.Context) error {
 		return fmt.Errorf("want one message with an actor id: %v", resp)
 	}
 
+	seen, err := resetEvents(ctx, events, resp.Messages[0].ActorId)
+	if err != nil {
+		return err
+	}
+
+	for _, want := range []string{
+		"sequence reset START",
+		"stage RESETTING",
+		"phase resetSpec START",
+		"task stopAllServices STOP",
+		"phase shutdown STOP",
+	} {
+		if !slices.Contains(seen, want) {
+			return fmt.Errorf("no %q among the reset's events %q", want, seen)
+		}
+	}
+
 	return eventually(ctx, 30*time.Second, ip+" to power off", func() error {
 		_, err := d.c.Version(client.WithNode(ctx, ip))
 
 		return expect(client.StatusCode(err) == codes.Unavailable, "Version says %v", err)
 	})
+}
+
+// resetEvents reads the watch until it ends (the node went down) and
+// describes each event of the actor.
+func resetEvents(ctx context.Context, events <-chan client.EventResult, actor string) ([]string, error) {
+	var seen []string
+
+	timeout := time.After(60 * time.Second)
+
+	for {
+		select {
+		case <-ctx.Done():
+			return seen, ctx.Err()
+		case <-timeout:
+			return seen, fmt.Errorf("the event stream did not end with the node: %q", seen)
+		case result := <-events:
+			if result.Error != nil {
+				return seen, nil
+			}
+
+			if result.Event.ActorID != actor {
+				return seen, fmt.Errorf("event %s has actor %q, want %q", result.Event.TypeURL, result.Event.ActorID, actor)
+			}
+
+			seen = append(seen, describeEvent(result.Event))
+		}
+	}
+}
+
+func describeEvent(event client.Event) string {
+	switch msg := event.Payload.(type) {
+	case *machine.SequenceEvent:
+		return fmt.Sprintf("sequence %s %s", msg.GetSequence(), msg.GetAction())
+	case *machine.PhaseEvent:
+		return fmt.Sprintf("phase %s %s", msg.GetPhase(), msg.GetAction())
+	case *machine.TaskEvent:
+		return fmt.Sprintf("task %s %s", msg.GetTask(), msg.GetAction())
+	case *machine.MachineStatusEvent:
+		return fmt.Sprintf("stage %s", msg.GetStage())
+	default:
+		return event.TypeURL
+	}
 }
 
 // nodesWithNodeDown: with `nodes`, a node that is down becomes one message

@@ -53,6 +53,9 @@ pub(crate) async fn power_off(node: &Node) {
 /// sequence (runtime/v1alpha1/v1alpha1_sequencer.go, Reboot), under the
 /// call's actor id.
 pub(crate) async fn reboot(shared: &Arc<Shared>, node: &Arc<Node>, actor: &str) {
+    let Some(_sequence) = lock_sequence(node, "reboot") else {
+        return;
+    };
     let log = &node.runtime_events;
     publish::sequence(log, "reboot", true, "", actor);
     publish::stage(log, MachineStage::Rebooting, false, actor);
@@ -131,7 +134,9 @@ pub(crate) async fn reset(
     by_spec: bool,
     actor: &str,
 ) {
-    let _one_reset = node.reset_lock.lock().await;
+    let Some(_sequence) = lock_sequence(node, "reset") else {
+        return;
+    };
     let log = &node.runtime_events;
     publish::sequence(log, "reset", true, "", actor);
     publish::stage(log, MachineStage::Resetting, false, actor);
@@ -339,6 +344,30 @@ pub(crate) async fn bootstrap(
     node.start_etcd(initial_cluster, ClusterState::New)
         .await
         .map_err(|e| Status::unknown(e.to_string()))
+}
+
+/// Takes the sequencer lock, or, while another sequence holds it, refuses
+/// `sequence` as upstream's controller does after the call was answered
+/// (runtime/v1alpha1/v1alpha1_controller.go, Run): a NOOP sequence event
+/// with a LOCKED error, and a log line; nothing else happens.
+fn lock_sequence<'a>(node: &'a Node, sequence: &str) -> Option<tokio::sync::MutexGuard<'a, ()>> {
+    match node.sequence_lock.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(_) => {
+            tracing::warn!(node = %node.name, %sequence, "sequence not started: locked");
+            let event = crate::api::machine::SequenceEvent {
+                sequence: sequence.to_string(),
+                action: crate::api::machine::sequence_event::Action::Noop as i32,
+                error: Some(crate::api::common::Error {
+                    code: crate::api::common::Code::Locked as i32,
+                    message: "sequence not started: locked".to_string(),
+                    details: Vec::new(),
+                }),
+            };
+            node.runtime_events.publish("SequenceEvent", &event, "");
+            None
+        }
+    }
 }
 
 /// The events and kernel messages of a node that has just booted, for a

@@ -127,7 +127,8 @@ pub struct Node {
     pub(crate) runtime_events: super::events::EventLog,
     /// The kernel's messages since boot (Dmesg).
     pub(crate) kmsg: Mutex<Vec<String>>,
-    pub(crate) reset_lock: tokio::sync::Mutex<()>,
+    /// machined's sequencer lock: one reboot or reset at a time.
+    pub(crate) sequence_lock: tokio::sync::Mutex<()>,
     /// A read fault armed for the next snapshot: bytes sent before it.
     snapshot_fault: Mutex<Option<u64>>,
 }
@@ -185,7 +186,7 @@ impl Node {
             version: Mutex::new(layout.version),
             runtime_events: super::events::EventLog::new(),
             kmsg: Mutex::new(Vec::new()),
-            reset_lock: tokio::sync::Mutex::new(()),
+            sequence_lock: tokio::sync::Mutex::new(()),
             snapshot_fault: Mutex::new(None),
         };
         for label in system_volumes(layout.version) {
@@ -421,6 +422,13 @@ impl Node {
     #[doc(hidden)]
     pub async fn hold_apply_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.apply_lock.lock().await
+    }
+
+    /// Holds the sequencer lock as a running sequence would, until the
+    /// guard is dropped (to exercise a reset refused by the lock).
+    #[doc(hidden)]
+    pub async fn hold_sequence_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.sequence_lock.lock().await
     }
 
     /// Kills etcd without waiting (for use in `Drop`).

@@ -228,3 +228,52 @@ async fn logs_serve_etcds_log_and_dmesg_the_boot() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
 }
+
+/// A reset while another sequence holds machined's sequencer lock is
+/// answered, then refused by the lock with a LOCKED sequence event and
+/// nothing wiped (runtime/v1alpha1/v1alpha1_controller.go, Run).
+#[tokio::test]
+async fn a_reset_during_another_sequence_is_refused_by_the_lock() {
+    let sim = start().await;
+    let node = sim.admin().node(sim.ip(3));
+    let sim_node = sim.cluster.node("cp-3").unwrap();
+    let mut stream = node
+        .machine_service()
+        .await
+        .unwrap()
+        .events(EventsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    stream.next().await.unwrap().unwrap();
+    let held = sim_node.hold_sequence_lock().await;
+    node.reset(ResetRequest {
+        graceful: false,
+        reboot: false,
+        system_labels_to_wipe: vec!["STATE".into(), "EPHEMERAL".into()],
+        ..ResetRequest::default()
+    })
+    .await
+    .expect("the reset is answered");
+    let refused = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(event)) = stream.next().await {
+            let data = event.data.unwrap_or_default();
+            if data.type_url == "talos/runtime/machine.SequenceEvent" {
+                return Some(machine::SequenceEvent::decode(data.value.as_slice()).unwrap());
+            }
+        }
+        None
+    })
+    .await
+    .expect("a sequence event")
+    .expect("the stream stays open");
+    assert_eq!(refused.sequence, "reset");
+    assert_eq!(refused.action(), machine::sequence_event::Action::Noop);
+    let error = refused.error.unwrap();
+    assert_eq!(error.code, talos_client::api::common::Code::Locked as i32);
+    assert_eq!(error.message, "sequence not started: locked");
+    drop(held);
+    assert!(sim_node.config_path().exists(), "nothing was wiped");
+    assert!(sim_node.etcd_data_dir().join("member").exists());
+    assert!(node.version().await.is_ok(), "the node still answers");
+}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
@@ -380,25 +381,30 @@ func (d *driver) readerRoles(ctx context.Context) error {
 		"reader snapshot: %v, want PermissionDenied", err)
 }
 
+// serviceList: every node lists a running etcd service that turns healthy
+// once its first health check has run (5 s after etcd starts, as Talos's
+// etcd service health settings say).
 func (d *driver) serviceList(ctx context.Context) error {
-	resp, err := d.c.ServiceList(client.WithNodes(ctx, d.ips...))
-	if err != nil {
-		return err
-	}
-
-	byNode, err := byIP(d.ips, resp.Messages, func(m *machine.ServiceList) string { return m.GetMetadata().GetHostname() })
-	if err != nil {
-		return err
-	}
-
-	for ip, m := range byNode {
-		i := slices.IndexFunc(m.Services, func(s *machine.ServiceInfo) bool { return s.Id == "etcd" })
-		if i < 0 || m.Services[i].State != "Running" || !m.Services[i].GetHealth().GetHealthy() {
-			return fmt.Errorf("node %s: no healthy running etcd service in %v", ip, m.Services)
+	return eventually(ctx, 60*time.Second, "healthy etcd services", func() error {
+		resp, err := d.c.ServiceList(client.WithNodes(ctx, d.ips...))
+		if err != nil {
+			return err
 		}
-	}
 
-	return nil
+		byNode, err := byIP(d.ips, resp.Messages, func(m *machine.ServiceList) string { return m.GetMetadata().GetHostname() })
+		if err != nil {
+			return err
+		}
+
+		for ip, m := range byNode {
+			i := slices.IndexFunc(m.Services, func(s *machine.ServiceInfo) bool { return s.Id == "etcd" })
+			if i < 0 || m.Services[i].State != "Running" || !m.Services[i].GetHealth().GetHealthy() {
+				return fmt.Errorf("node %s: no healthy running etcd service in %v", ip, m.Services)
+			}
+		}
+
+		return nil
+	})
 }
 
 func (d *driver) etcdDefragment(ctx context.Context) error {

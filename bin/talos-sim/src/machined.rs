@@ -204,12 +204,28 @@ impl MachineService for Machined {
         request: Request<()>,
     ) -> Result<Response<machine::ServiceListResponse>, Status> {
         authorize(&request, "ServiceList")?;
-        let mut services = vec![Self::static_service("apid")];
-        if self.node.is_control_plane() {
-            services.push(self.etcd_service().await);
+        // The services of a Talos node, sorted by id as machined lists them
+        // (internal/app/machined/pkg/system/system.go, List): etcd and
+        // trustd run on control-plane nodes only.
+        let control_plane = self.node.is_control_plane();
+        let mut services = Vec::new();
+        for id in [
+            "apid",
+            "containerd",
+            "cri",
+            "etcd",
+            "kubelet",
+            "machined",
+            "trustd",
+            "udevd",
+        ] {
+            match id {
+                "etcd" if control_plane => services.push(self.etcd_service().await),
+                "etcd" => {}
+                "trustd" if !control_plane => {}
+                _ => services.push(Self::static_service(id)),
+            }
         }
-        services.push(Self::static_service("machined"));
-        services.push(Self::static_service("trustd"));
         one(machine::ServiceListResponse {
             messages: vec![machine::ServiceList {
                 metadata: None,

@@ -133,3 +133,38 @@ async fn the_etcd_volume_exists_on_1_14_only() {
     assert!(node.etcd_data_dir().starts_with(node.volume("ETCD")));
     sim.admin().reset(request).await.expect("1.14 wipes ETCD");
 }
+
+/// ServiceList names a Talos node's services in id order
+/// (internal/app/machined/pkg/system/system.go, List); etcd and trustd only
+/// on the control plane.
+#[tokio::test]
+async fn service_list_names_the_services_of_a_talos_node() {
+    let sim = SimCluster::start_with(1, |cfg| {
+        cfg.timing = TalosTiming::scaled_down(10);
+        cfg.workers = 1;
+    })
+    .await;
+    let ids = |services: Vec<talos_client::client::ServiceInfo>| {
+        services.into_iter().map(|s| s.id).collect::<Vec<_>>()
+    };
+    let control_plane = sim.admin().service_list().await.unwrap();
+    assert_eq!(
+        ids(control_plane),
+        [
+            "apid",
+            "containerd",
+            "cri",
+            "etcd",
+            "kubelet",
+            "machined",
+            "trustd",
+            "udevd"
+        ]
+    );
+    let worker = sim.cluster.nodes()[1].ip.to_string();
+    let worker = sim.admin().node(worker).service_list().await.unwrap();
+    assert_eq!(
+        ids(worker),
+        ["apid", "containerd", "cri", "kubelet", "machined", "udevd"]
+    );
+}

@@ -24,6 +24,8 @@ pub mod api;
 mod auth;
 pub mod cluster;
 pub mod control;
+pub mod cosi;
+mod cosi_state;
 mod dial;
 mod diff;
 pub mod etcd_client;

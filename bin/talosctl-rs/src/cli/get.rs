@@ -215,8 +215,16 @@ impl Printer {
                 if let (true, Some(kind)) = (self.with_events, event) {
                     text.push_str(&format!("event: {}\n", event_name(kind)));
                 }
-                let doc = json!({"metadata": metadata(r), "spec": spec});
-                text.push_str(&yaml_document(&doc)?);
+                // A struct, not a map: fields in the order upstream writes them.
+                #[derive(serde::Serialize)]
+                struct Document<'a> {
+                    metadata: &'a talos_client::client::resources::ResourceMetadata,
+                    spec: Value,
+                }
+                text.push_str(&serde_norway::to_string(&Document {
+                    metadata: &r.metadata,
+                    spec,
+                })?);
                 out!("{text}");
             }
             Output::Json => {
@@ -290,10 +298,6 @@ fn metadata(r: &Resource) -> Value {
         map.insert("finalizers".into(), json!(md.finalizers));
     }
     Value::Object(map)
-}
-
-fn yaml_document(value: &Value) -> anyhow::Result<String> {
-    Ok(serde_norway::to_string(value)?)
 }
 
 fn json_indented(value: &Value) -> anyhow::Result<String> {

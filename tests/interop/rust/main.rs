@@ -16,6 +16,8 @@
 
 #[path = "canned.rs"]
 mod canned;
+#[path = "cosi.rs"]
+mod cosi;
 #[path = "harness.rs"]
 mod harness;
 #[path = "stub_calls.rs"]
@@ -305,6 +307,10 @@ const DRIVER_CHECKS: &[&str] = &[
     "etcd-status",
     "etcd-alarm-list",
     "service-list",
+    "cosi-machine-config",
+    "cosi-machine-status",
+    "cosi-members",
+    "cosi-addresses",
     "etcd-defragment",
     "etcd-snapshot",
     "etcd-snapshot-chunks",

@@ -18,6 +18,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	stdx509 "crypto/x509"
 	"flag"
@@ -96,6 +97,10 @@ func run(talosconfigPath, dumpDir string) error {
 	stub := &stubService{}
 	machine.RegisterMachineServiceServer(server, stub)
 	cluster.RegisterClusterServiceServer(server, &stubCluster{})
+
+	if err = registerCOSI(context.Background(), server); err != nil {
+		return fmt.Errorf("COSI state: %w", err)
+	}
 
 	// Exit when the parent closes our stdin, so no stub outlives its test.
 	go func() {

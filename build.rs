@@ -12,6 +12,14 @@ const PROTOS: &[&str] = &[
     "cluster/cluster.proto",
 ];
 
+/// COSI's resource API and the Talos resource specs.
+const COSI_PROTOS: &[&str] = &[
+    "v1alpha1/resource.proto",
+    "v1alpha1/state.proto",
+    "v1alpha1/meta.proto",
+    "talos/definitions.proto",
+];
+
 fn main() -> io::Result<()> {
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(PROTOS, ["proto"]).map_err(io::Error::other)?;
@@ -23,5 +31,16 @@ fn main() -> io::Result<()> {
         // Talos messages are small: see `crate::api::TalosCodec`.
         .codec_path("crate::api::TalosCodec")
         .include_file("talos_api.rs")
-        .compile_fds(fds)
+        .compile_fds(fds)?;
+
+    // COSI's state service and the specs of the Talos resources read
+    // through it (see proto/cosi). Imports resolve from proto/cosi, as
+    // upstream's from its proto/ root.
+    let cosi = protox::compile(COSI_PROTOS, ["proto/cosi", "proto"]).map_err(io::Error::other)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(false)
+        .codec_path("crate::api::TalosCodec")
+        .include_file("cosi_api.rs")
+        .compile_fds(cosi)
 }

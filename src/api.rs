@@ -3,7 +3,8 @@
 //!
 //! This is the escape hatch for calls the typed [`Client`](crate::Client) does
 //! not wrap. Module paths follow the protobuf packages: [`machine`],
-//! [`common`], [`cluster`], [`google::rpc`].
+//! [`common`], [`cluster`], [`google::rpc`], and COSI's [`cosi::resource`]
+//! with the Talos resource specs in [`talos::resource::definitions`].
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
@@ -53,3 +54,7 @@ where
         tonic_prost::ProstCodec::<T, U>::raw_decoder(buffers)
     }
 }
+
+// COSI's resource API (`cosi.resource`, `cosi.resource.meta`) and the Talos
+// resource specs read through it (`talos.resource.definitions`).
+include!(concat!(env!("OUT_DIR"), "/cosi_api.rs"));

@@ -28,6 +28,19 @@ fn main() -> io::Result<()> {
         .include_file("talos_server.rs")
         .compile_fds(talos)?;
 
+    // COSI's state service (cosi::StateService serves it), over the
+    // library's message types like the Talos services.
+    let cosi = protox::compile(["v1alpha1/state.proto"], ["../../proto/cosi"])
+        .map_err(io::Error::other)?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        .extern_path(".cosi", "::talos_client::api::cosi")
+        .generate_default_stubs(true)
+        .codec_path("crate::api::SimCodec")
+        .include_file("cosi_server.rs")
+        .compile_fds(cosi)?;
+
     let etcd = protox::compile(
         ["etcd/mvccpb/kv.proto", "etcd/etcdserverpb/rpc.proto"],
         ["proto"],

@@ -92,6 +92,16 @@ pub enum Error {
     /// The call was cancelled (gRPC Cancelled).
     #[error("cancelled: {0}")]
     Cancelled(Failure),
+    /// The node does not know a COSI resource type (upstream answers
+    /// PermissionDenied `resource type "X" is not supported`), or no
+    /// type matches a name or alias.
+    #[error("unknown resource type {resource_type:?}: {failure}")]
+    UnknownResourceType {
+        /// The type or alias asked for.
+        resource_type: String,
+        /// Where and what.
+        failure: Failure,
+    },
     /// Any other gRPC status.
     #[error("{code:?}: {failure}")]
     Status {
@@ -144,7 +154,8 @@ macro_rules! with_failure {
             | Error::Aborted($f)
             | Error::Cancelled($f)
             | Error::Protocol($f)
-            | Error::Status { failure: $f, .. } => $some,
+            | Error::Status { failure: $f, .. }
+            | Error::UnknownResourceType { failure: $f, .. } => $some,
             _ => $none,
         }
     };
@@ -203,6 +214,7 @@ impl Error {
             Error::Aborted(_) => Code::Aborted,
             Error::Cancelled(_) => Code::Cancelled,
             Error::Status { code, .. } => *code,
+            Error::UnknownResourceType { .. } => Code::NotFound,
             _ => return None,
         })
     }

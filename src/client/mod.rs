@@ -27,6 +27,8 @@ mod error;
 mod etcd;
 mod kubeconfig;
 mod reply;
+pub mod resources;
+mod resources_specs;
 mod system;
 pub(crate) mod transport;
 

@@ -3,6 +3,7 @@ module talos-client.example/interop
 go 1.26.8
 
 require (
+	github.com/cosi-project/runtime v1.14.1
 	github.com/hashicorp/go-multierror v1.1.1
 	github.com/siderolabs/crypto v0.6.5
 	github.com/siderolabs/talos/pkg/machinery v1.13.9
@@ -28,7 +29,6 @@ require (
 	github.com/containernetworking/cni v1.3.0 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.5.0 // indirect
-	github.com/cosi-project/runtime v1.14.1 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/gertd/go-pluralize v0.2.1 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect

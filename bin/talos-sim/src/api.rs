@@ -4,11 +4,16 @@
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
-pub use talos_client::api::{cluster, common, google, machine};
+pub use talos_client::api::{cluster, common, cosi, google, machine, talos};
 
 /// Server stubs for `machine.MachineService` and `cluster.ClusterService`.
 pub mod server {
     include!(concat!(env!("OUT_DIR"), "/talos_server.rs"));
+}
+
+/// The server stub for `cosi.resource.State`.
+pub mod cosi_server {
+    include!(concat!(env!("OUT_DIR"), "/cosi_server.rs"));
 }
 
 include!(concat!(env!("OUT_DIR"), "/etcd_api.rs"));

@@ -12,6 +12,9 @@ use crate::node::Node;
 /// The bytes of `path` on `node`.
 pub(crate) fn read(node: &Node, path: &str) -> Result<Vec<u8>, Status> {
     let missing = || Status::not_found(format!("stat {path}: no such file or directory"));
+    if !crate::cosi::state_partition_mounted(node) {
+        return Err(missing());
+    }
     let Some(rest) = path.strip_prefix("/system/state") else {
         return Err(missing());
     };

@@ -164,6 +164,9 @@ fn local(
         Ok(response) => response,
         Err(never) => match never {},
     };
+    if request.uri().path().starts_with("/cosi.resource.State/") {
+        return Box::pin(crate::cosi::server(machined).oneshot(request).map(answer));
+    }
     if request.uri().path().starts_with("/cluster.ClusterService/") {
         Box::pin(
             ClusterServiceServer::new(machined)

@@ -25,6 +25,8 @@ mod auth;
 pub mod cluster;
 mod config_schema;
 pub mod control;
+pub mod cosi;
+mod cosi_state;
 mod dial;
 mod diff;
 pub mod etcd_client;

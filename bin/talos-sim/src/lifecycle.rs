@@ -32,9 +32,11 @@ pub(crate) async fn start_front(shared: &Arc<Shared>, node: &Arc<Node>) -> Resul
         node: node.clone(),
         shared: shared.clone(),
     };
-    let (machine_front, cluster_front) = front::services(machined);
+    let (machine_front, cluster_front) = front::services(machined.clone());
     let incoming = tls_incoming(listener, node.api_tls(), token.clone());
-    let routes = tonic::service::Routes::new(machine_front).add_service(cluster_front);
+    let routes = tonic::service::Routes::new(machine_front)
+        .add_service(cluster_front)
+        .add_service(crate::cosi::front(machined));
     tokio::spawn(serve_http2(incoming, routes, token));
     node.set_power(Power::On);
     Ok(())

@@ -8,7 +8,9 @@
 //! - its PKI and talosconfig come from upstream's generators, and our client
 //!   must load and use them;
 //! - upstream's official Go client drives talos-sim and must see what it
-//!   would see against Talos.
+//!   would see against Talos (COSI resources included);
+//! - our client reads COSI resources from cosi-project/runtime's own state
+//!   server holding upstream's resource types.
 //!
 //! The Go programs are built here (or taken from INTEROP_BIN_DIR, see
 //! tests/interop/run.sh). Without Go, or without the module proxy when
@@ -16,6 +18,8 @@
 
 #[path = "canned.rs"]
 mod canned;
+#[path = "cosi.rs"]
+mod cosi;
 #[path = "harness.rs"]
 mod harness;
 #[path = "stub_calls.rs"]
@@ -305,6 +309,10 @@ const DRIVER_CHECKS: &[&str] = &[
     "etcd-status",
     "etcd-alarm-list",
     "service-list",
+    "cosi-machine-config",
+    "cosi-machine-status",
+    "cosi-members",
+    "cosi-addresses",
     "etcd-defragment",
     "etcd-snapshot",
     "etcd-snapshot-chunks",

@@ -22,6 +22,7 @@ macro_rules! out {
 pub mod apply;
 pub mod config;
 pub mod etcd;
+pub mod get;
 pub mod health;
 pub mod kubeconfig;
 pub mod misc;
@@ -98,6 +99,9 @@ pub enum Command {
     /// Manage etcd.
     #[command(subcommand)]
     Etcd(etcd::EtcdCommand),
+    /// Get a resource or list resources (COSI), as talosctl get.
+    #[command(visible_alias = "g")]
+    Get(get::GetArgs),
     /// Apply a new machine configuration to nodes.
     ApplyConfig(apply::ApplyArgs),
     /// Reset a node.
@@ -124,6 +128,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Version(args) => misc::version(&global, args).await,
         Command::Config(command) => config::run(&global, command),
         Command::Etcd(command) => etcd::run(&global, command).await,
+        Command::Get(args) => get::run(&global, args).await,
         Command::ApplyConfig(args) => apply::run(&global, args).await,
         Command::Reset(args) => reset::run(&global, args).await,
         Command::Health(args) => health::run(&global, args).await,

@@ -2,6 +2,8 @@
 // talos-client's proto subset, using upstream Talos's own generated Go stubs
 // (pkg/machinery/api/machine and api/cluster), and checks the requests it
 // receives against the values the Rust interop test is expected to send.
+// It also serves cosi.resource.State with cosi-project/runtime's own
+// protobuf state server over upstream's resource types (cosi.go).
 //
 // Its PKI is made by upstream's code: a secrets bundle from
 // config/generate/secrets, a talosconfig from the generator behind
@@ -18,6 +20,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	stdx509 "crypto/x509"
 	"flag"
@@ -96,6 +99,10 @@ func run(talosconfigPath, dumpDir string) error {
 	stub := &stubService{}
 	machine.RegisterMachineServiceServer(server, stub)
 	cluster.RegisterClusterServiceServer(server, &stubCluster{})
+
+	if err = registerCOSI(context.Background(), server); err != nil {
+		return fmt.Errorf("COSI state: %w", err)
+	}
 
 	// Exit when the parent closes our stdin, so no stub outlives its test.
 	go func() {

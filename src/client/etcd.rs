@@ -40,6 +40,14 @@ impl serde::Serialize for MemberId {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for MemberId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse()
+            .map_err(|_| serde::de::Error::custom(format!("member id {text:?} is not hex")))
+    }
+}
+
 /// One member of the etcd cluster.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct EtcdMember {

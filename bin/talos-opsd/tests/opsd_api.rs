@@ -16,6 +16,7 @@ use talos_test_support::sim::{SimCluster, wait_for};
 fn retire(node: &str) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: "a".into(),
+        plan_fingerprint: String::new(),
         kind: Some(Kind::Retire(proto::RetireParams {
             node: node.into(),
             ..Default::default()
@@ -26,6 +27,7 @@ fn retire(node: &str) -> proto::StartOperationRequest {
 fn snapshot(cluster: &str) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: cluster.into(),
+        plan_fingerprint: String::new(),
         kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
     }
 }
@@ -186,6 +188,7 @@ async fn one_operation_per_cluster_and_clusters_in_parallel() {
     let join = client
         .start_operation(proto::StartOperationRequest {
             cluster: "a".into(),
+            plan_fingerprint: String::new(),
             kind: Some(Kind::Join(proto::JoinParams {
                 node: "cp-9".into(),
                 timeout_s: 120,

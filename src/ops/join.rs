@@ -201,7 +201,7 @@ fn maintenance_client(node: &str, pins: &[String]) -> Result<MaintenanceClient, 
 
 /// Notes when `count` members make an even count.
 pub(crate) fn even_note(node: &str, count: usize) -> Option<String> {
-    (count % 2 == 0).then(|| {
+    count.is_multiple_of(2).then(|| {
         format!(
             "with {node} the cluster has {count} members, an even count: it survives no more failures than {}",
             count - 1

@@ -236,7 +236,7 @@ impl Manager {
             ops.set_stop(stop);
             let job = match job {
                 Job::Run(spec, confirmed) => match plan_matching(&ops, &spec, confirmed).await {
-                    Ok(plan) => Planned::Run(plan),
+                    Ok(plan) => Planned::Run(Box::new(plan)),
                     Err(e) => return refuse(e),
                 },
                 Job::Resume(id) => Planned::Resume(id),
@@ -265,7 +265,7 @@ impl Manager {
                 }
             };
             let result = match job {
-                Planned::Run(plan) => ops.run(plan, &mut observe).await,
+                Planned::Run(plan) => ops.run(*plan, &mut observe).await,
                 Planned::Resume(ref op) => ops.resume(op, &mut observe).await,
             };
             let Some(id) = id else {
@@ -416,7 +416,7 @@ async fn plan_matching(
 }
 
 enum Planned {
-    Run(Plan),
+    Run(Box<Plan>),
     Resume(String),
 }
 

@@ -530,7 +530,14 @@ async fn a_start_is_refused_when_the_cluster_no_longer_matches_its_plan() {
     let names: Vec<_> = plan.steps.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(
         names,
-        ["snapshot", "forfeit", "leave", "reset", "confirm", "wait-silent"]
+        [
+            "snapshot",
+            "forfeit",
+            "leave",
+            "reset",
+            "confirm",
+            "wait-silent"
+        ]
     );
     // The same cluster plans the same.
     let again = client
@@ -553,7 +560,11 @@ async fn a_start_is_refused_when_the_cluster_no_longer_matches_its_plan() {
     let mut stale = request.clone();
     stale.plan_fingerprint = plan.fingerprint.clone();
     let refused = client.start_operation(stale).await.unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
     assert!(
         refused.message().contains("no longer matches the plan"),
         "{}",
@@ -561,5 +572,13 @@ async fn a_start_is_refused_when_the_cluster_no_longer_matches_its_plan() {
     );
     let journal = talos_client::ops::Journal::open(&dir.path().join("state")).unwrap();
     assert!(journal.list(None).unwrap().is_empty(), "nothing journaled");
-    assert_eq!(sim.admin().node(sim.ip(1)).etcd_member_list(false).await.unwrap().len(), 3);
+    assert_eq!(
+        sim.admin()
+            .node(sim.ip(1))
+            .etcd_member_list(false)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
 }

@@ -279,7 +279,7 @@ async fn crash_and_resume(point: &str) {
     let f = Fixture::start(1).await;
     let ip = f.sim.ip(1);
     let file = f.config_with("sans.yaml", &[SANS]);
-    let point = format!("{point}:{ip}");
+    let point = format!("{point} {ip}");
     let args = [
         "--yes",
         "-n",
@@ -298,7 +298,7 @@ async fn crash_and_resume(point: &str) {
     );
     let record = newest(&f).await;
     let id = record["id"].as_str().unwrap().to_string();
-    let step = point.split_once(':').unwrap().1;
+    let step = point.split_once(':').unwrap().1.to_string();
     let shown = f.ops(&["show", &id]).await.ok().json();
     let in_flight: Vec<_> = step_states(&shown)
         .into_iter()

@@ -21,6 +21,16 @@ if [ -n "$heavy" ]; then
   exit 1
 fi
 
+# The CLI talks to talos-opsd through its API crate, never the daemon's own
+# dependencies (metrics, scheduler, configuration file).
+daemon_only=$(cargo tree --locked -p talosctl-rs -e normal,no-proc-macro --prefix none |
+  grep -E '^(prometheus-client|croner|toml|talos-opsd) ' || true)
+if [ -n "$daemon_only" ]; then
+  echo "talosctl-rs depends on the daemon's own crates:" >&2
+  echo "$daemon_only" >&2
+  exit 1
+fi
+
 cargo build --locked --examples
 cargo test --locked --workspace
 # Peak-memory checks measure the optimised code that users run.

@@ -364,7 +364,7 @@ impl CertificateInfo {
 }
 
 /// Formats a timestamp as RFC 3339 (UTC).
-pub fn rfc3339(t: OffsetDateTime) -> String {
+pub(crate) fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_else(|_| t.to_string())
 }

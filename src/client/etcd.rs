@@ -40,6 +40,14 @@ impl serde::Serialize for MemberId {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for MemberId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse()
+            .map_err(|_| serde::de::Error::custom(format!("member id {text:?} is not hex")))
+    }
+}
+
 /// One member of the etcd cluster.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct EtcdMember {
@@ -307,22 +315,9 @@ impl Client<One> {
         .await
     }
 
-    /// Streams a file from the node (MachineService `Read`, admin only),
-    /// e.g. `/system/state/config.yaml`, its persisted machine
-    /// configuration. A missing file fails with [`Error::NotFound`].
-    pub async fn read(&self, path: &str) -> Result<ByteStream> {
-        self.data_stream(
-            "/machine.MachineService/Read",
-            &machine::ReadRequest {
-                path: path.to_string(),
-            },
-        )
-        .await
-    }
-
     /// Starts a server-streaming call whose answers are `common.Data`, read
     /// by [`DataStream`] rather than the generated stub.
-    async fn data_stream(
+    pub(super) async fn data_stream(
         &self,
         path: &'static str,
         request: &impl prost::Message,

@@ -21,11 +21,12 @@
 //! change state (leave, remove-member, forfeit, reset, apply-config, reboot,
 //! ...) are never retried.
 
-mod changes;
+mod apply_reset;
 mod data_stream;
 mod error;
 mod etcd;
 mod kubeconfig;
+mod read;
 mod reply;
 pub mod resources;
 mod resources_specs;
@@ -41,7 +42,7 @@ use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-pub use changes::{
+pub use apply_reset::{
     ApplyMode, ApplyRequest, ApplyResult, RebootMode, ResetRequest, UnknownVariant, WipeMode,
 };
 pub use error::{ConnectAttempt, Error, Failure};

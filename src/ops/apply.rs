@@ -9,45 +9,163 @@
 //! TRY dry run is what can tell the running configuration apart from the
 //! persisted one without touching either.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
+use super::cluster::ClusterView;
 use super::config_diff::{Documents, covered, string_at};
-use super::{OpKind, Ops, OpsError, Plan, PlannedStep};
+use super::join::read_file;
+use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo};
+use super::spec::millis;
+use super::{OpSpec, Ops, OpsError, Refusal};
 use crate::client::{ApplyMode, ApplyRequest};
 use crate::{Client, Error};
 
 /// Where a node keeps its persisted machine configuration.
 pub(crate) const CONFIG_PATH: &str = "/system/state/config.yaml";
 
-/// Options of [`Ops::plan_apply`].
-#[derive(Debug, Clone)]
+fn default_try_timeout() -> Duration {
+    ApplyOptions::DEFAULT_TRY_TIMEOUT
+}
+
+fn default_reboot_timeout() -> Duration {
+    ApplyOptions::DEFAULT_REBOOT_TIMEOUT
+}
+
+/// Options of an apply ([`OpSpec::Apply`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ApplyOptions {
     /// The nodes, applied one at a time in this order.
     pub nodes: Vec<String>,
-    /// The configuration file (named in messages; read again on resume).
+    /// The configuration file (read at plan time and again, checked against
+    /// its hash, by each step that sends it).
     pub config_path: PathBuf,
-    /// Its contents.
-    pub config: Vec<u8>,
     /// Paths that may change (`cluster.controlPlane.endpoint`,
     /// `Layer2VIPConfig`, ...); empty: any. A changed path outside them
     /// refuses.
+    #[serde(default)]
     pub expect_change: Vec<String>,
     /// Allow a change of the service-account issuer (by default refused:
     /// it breaks every token issued so far).
+    #[serde(default)]
     pub allow_issuer_change: bool,
     /// Allow a change that needs a reboot (applied in REBOOT mode, with no
     /// automatic rollback).
+    #[serde(default)]
     pub allow_reboot: bool,
     /// The TRY window: the node rolls back after it unless confirmed.
+    #[serde(
+        default = "default_try_timeout",
+        with = "millis",
+        rename = "try_timeout_ms"
+    )]
     pub try_timeout: Duration,
     /// How long a node may take to come back from a reboot.
+    #[serde(
+        default = "default_reboot_timeout",
+        with = "millis",
+        rename = "reboot_timeout_ms"
+    )]
     pub reboot_timeout: Duration,
     /// A command run by `sh -c` that must exit 0 for the gate to pass.
+    #[serde(default)]
     pub check: Option<String>,
+}
+
+impl ApplyOptions {
+    /// The TRY window unless told otherwise (Talos's own default is 1m;
+    /// ours leaves the gate time to see the cluster settle).
+    pub const DEFAULT_TRY_TIMEOUT: Duration = Duration::from_secs(120);
+    /// How long a node may take to come back from a reboot, by default.
+    pub const DEFAULT_REBOOT_TIMEOUT: Duration = Duration::from_secs(600);
+
+    /// Apply `config_path` to `nodes` with the defaults: any path may
+    /// change, no issuer change, no reboot, no user check.
+    pub fn new(nodes: Vec<String>, config_path: PathBuf) -> ApplyOptions {
+        ApplyOptions {
+            nodes,
+            config_path,
+            expect_change: Vec::new(),
+            allow_issuer_change: false,
+            allow_reboot: false,
+            try_timeout: Self::DEFAULT_TRY_TIMEOUT,
+            reboot_timeout: Self::DEFAULT_REBOOT_TIMEOUT,
+            check: None,
+        }
+    }
+}
+
+/// What a step of an apply does to its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApplyPhase {
+    /// Apply in TRY mode.
+    Try,
+    /// The health gate within the try window.
+    Gate,
+    /// Confirm with a NO_REBOOT apply.
+    Confirm,
+    /// Apply in REBOOT mode (allowed reboots only).
+    Reboot,
+    /// Wait until the node is back and healthy.
+    WaitBack,
+}
+
+/// A step of an apply: a phase on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyStep {
+    /// What it does.
+    pub phase: ApplyPhase,
+    /// To which node.
+    pub node: String,
+}
+
+impl StepInfo for ApplyStep {
+    fn name(&self) -> &'static str {
+        match self.phase {
+            ApplyPhase::Try => "try",
+            ApplyPhase::Gate => "gate",
+            ApplyPhase::Confirm => "confirm",
+            ApplyPhase::Reboot => "reboot",
+            ApplyPhase::WaitBack => "wait-back",
+        }
+    }
+
+    fn destructive(&self) -> bool {
+        matches!(
+            self.phase,
+            ApplyPhase::Try | ApplyPhase::Confirm | ApplyPhase::Reboot
+        )
+    }
+
+    fn node(&self) -> Option<&str> {
+        Some(&self.node)
+    }
+}
+
+/// What an apply's preflight found and its steps recorded, per node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ApplyFacts {
+    /// The file (absolute).
+    pub config_path: PathBuf,
+    /// sha256 of its contents at plan time (hex).
+    pub config_sha256: String,
+    /// The changed paths, by node.
+    pub changes: BTreeMap<String, Vec<String>>,
+    /// Whether the node needs a reboot, by node.
+    pub reboot: BTreeMap<String, bool>,
+    /// When each node's TRY window closes (ms since the epoch).
+    #[serde(default)]
+    pub try_deadline_ms: BTreeMap<String, u64>,
+    /// When each node's reboot was sent (ms since the epoch).
+    #[serde(default)]
+    pub reboot_sent_ms: BTreeMap<String, u64>,
 }
 
 /// What a TRY dry run said about a node.
@@ -66,19 +184,16 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Reads the configuration file named in an operation's `params` again and
-/// checks it is the one planned with (the journal keeps its path and hash,
-/// never its contents: a machine configuration holds keys).
-pub(crate) fn load_planned_file(params: &serde_json::Value) -> Result<Vec<u8>, OpsError> {
-    let path = params["config_path"].as_str().unwrap_or_default();
-    let config = std::fs::read(path).map_err(|source| OpsError::Io {
-        path: path.into(),
-        source,
-    })?;
-    if params["config_sha256"].as_str() != Some(sha256_hex(&config).as_str()) {
-        return Err(OpsError::Refused(format!(
-            "{path} changed since the operation was planned: put the planned file back, or abandon the operation"
-        )));
+/// Reads a configuration file planned with again and checks it is the one
+/// planned with (the journal keeps its path and hash, never its contents:
+/// a machine configuration holds keys).
+pub(crate) fn read_planned(path: &Path, sha256: &str) -> Result<Vec<u8>, OpsError> {
+    let config = read_file(path)?;
+    if sha256_hex(&config) != sha256 {
+        return Err(Refusal::FileChanged {
+            path: path.display().to_string(),
+        }
+        .into());
     }
     Ok(config)
 }
@@ -157,54 +272,31 @@ impl Ops {
     /// would change without `allow_issuer_change`, or the change needs a
     /// reboot without `allow_reboot`. The plan's notes carry each node's
     /// changed paths and the server's dry run.
-    pub async fn plan_apply(&self, options: &ApplyOptions) -> Result<Plan, OpsError> {
-        let file = options.config_path.display().to_string();
+    pub(super) async fn plan_apply(&self, options: &ApplyOptions) -> Result<Plan, OpsError> {
         if options.nodes.is_empty() {
-            return Err(OpsError::Refused(
-                "no node to apply to: pass --nodes (-n)".into(),
-            ));
+            return Err(Refusal::NoNodes.into());
         }
-        let new = Documents::parse(&options.config)
-            .map_err(|e| OpsError::Refused(format!("{file}: {e}")))?;
+        let path = std::path::absolute(&options.config_path)
+            .unwrap_or_else(|_| options.config_path.clone());
+        let file = path.display().to_string();
+        let config = read_file(&path)?;
+        let new = Documents::parse(&config).map_err(|e| Refusal::BadConfig {
+            file: file.clone(),
+            error: e.to_string(),
+        })?;
+        let mut facts = ApplyFacts {
+            config_path: path.clone(),
+            config_sha256: sha256_hex(&config),
+            ..ApplyFacts::default()
+        };
         let mut steps = Vec::new();
         let mut notes = Vec::new();
-        let mut changes = serde_json::Map::new();
-        let mut reboot = serde_json::Map::new();
         for node in &options.nodes {
-            let current = read_config(&self.client, node).await?;
-            let current = Documents::parse(&current).map_err(|e| {
-                OpsError::Refused(format!("{node}: its configuration does not parse: {e}"))
-            })?;
-            let paths = current.changed_paths(&new);
-            self.guard_paths(node, &file, &paths, options)?;
-            guard_issuer(node, &current, &new, options.allow_issuer_change)?;
-            let needs_reboot = match try_dry_run(&self.client, node, &options.config).await {
-                Ok(DryRun::InPlace(summary)) => {
-                    if paths.is_empty() && no_changes(&summary) {
-                        notes.push(format!("{node} already runs {file}: nothing to apply"));
-                        continue;
-                    }
-                    notes.push(format!("{node}: dry run:\n{summary}"));
-                    false
-                }
-                Ok(DryRun::NeedsReboot(reason)) if options.allow_reboot => {
-                    notes.push(format!(
-                        "{node}: the change needs a reboot (--allow-reboot): no automatic rollback\n{reason}"
-                    ));
-                    true
-                }
-                Ok(DryRun::NeedsReboot(reason)) => {
-                    return Err(OpsError::Refused(format!(
-                        "{node}: {file} cannot be applied without a reboot, so it cannot be tried and rolled back; pass --allow-reboot to apply it with a reboot and no automatic rollback. The node says: {reason}"
-                    )));
-                }
-                Err(Error::InvalidArgument(f)) => {
-                    return Err(OpsError::Refused(format!(
-                        "{node} rejects {file}: {}",
-                        f.message
-                    )));
-                }
-                Err(e) => return Err(e.into()),
+            let Some((paths, needs_reboot)) = self
+                .preflight_node(node, &file, &config, &new, options, &mut notes)
+                .await?
+            else {
+                continue;
             };
             notes.push(format!(
                 "{node}: changed paths: {}",
@@ -214,58 +306,103 @@ impl Ops {
                     paths.join(", ")
                 }
             ));
-            changes.insert(node.clone(), json!(paths));
-            reboot.insert(node.clone(), json!(needs_reboot));
+            facts.changes.insert(node.clone(), paths);
+            facts.reboot.insert(node.clone(), needs_reboot);
             steps.extend(node_steps(node, &file, needs_reboot, options));
         }
-        Ok(Plan {
-            kind: OpKind::Apply,
-            params: json!({
-                "nodes": options.nodes,
-                "config_path": options.config_path,
-                "config_sha256": sha256_hex(&options.config),
-                "expect_change": options.expect_change,
-                "allow_issuer_change": options.allow_issuer_change,
-                "allow_reboot": options.allow_reboot,
-                "try_timeout_ms": options.try_timeout.as_millis() as u64,
-                "reboot_timeout_s": options.reboot_timeout.as_secs(),
-                "check": options.check,
-            }),
+        let basis = ClusterView::read(&self.client)
+            .await
+            .map(|v| v.basis())
+            .unwrap_or_default();
+        Ok(Plan::new(
+            OpSpec::Apply(options.clone()),
             steps,
             notes,
-            facts: {
-                let mut facts = serde_json::Map::new();
-                facts.insert("changes".into(), changes.into());
-                facts.insert("reboot".into(), reboot.into());
-                facts
-            },
-        })
+            Facts::Apply(facts),
+            &basis,
+        ))
     }
 
-    fn guard_paths(
+    /// One node's preflight: its changed paths and whether the change
+    /// needs a reboot, or `None` when it already runs the file; notes the
+    /// dry run.
+    async fn preflight_node(
         &self,
         node: &str,
         file: &str,
-        paths: &[String],
+        config: &[u8],
+        new: &Documents,
         options: &ApplyOptions,
-    ) -> Result<(), OpsError> {
-        if options.expect_change.is_empty() {
-            return Ok(());
-        }
-        let unexpected: Vec<&str> = paths
-            .iter()
-            .filter(|p| !options.expect_change.iter().any(|e| covered(p, e)))
-            .map(String::as_str)
-            .collect();
-        if unexpected.is_empty() {
-            return Ok(());
-        }
-        Err(OpsError::Refused(format!(
-            "{node}: {file} changes {}, outside --expect-change {}: stop and find out why before applying",
-            unexpected.join(", "),
-            options.expect_change.join(", ")
-        )))
+        notes: &mut Vec<String>,
+    ) -> Result<Option<(Vec<String>, bool)>, OpsError> {
+        let current = read_config(&self.client, node).await?;
+        let current = Documents::parse(&current).map_err(|e| Refusal::BadConfig {
+            file: format!("{node}'s configuration"),
+            error: e.to_string(),
+        })?;
+        let paths = current.changed_paths(new);
+        guard_paths(node, file, &paths, &options.expect_change)?;
+        guard_issuer(node, &current, new, options.allow_issuer_change)?;
+        let reboot = match try_dry_run(&self.client, node, config).await {
+            Ok(DryRun::InPlace(summary)) => {
+                if paths.is_empty() && no_changes(&summary) {
+                    notes.push(format!("{node} already runs {file}: nothing to apply"));
+                    return Ok(None);
+                }
+                notes.push(format!("{node}: dry run:\n{summary}"));
+                false
+            }
+            Ok(DryRun::NeedsReboot(reason)) if options.allow_reboot => {
+                notes.push(format!(
+                    "{node}: the change needs a reboot (allowed): no automatic rollback\n{reason}"
+                ));
+                true
+            }
+            Ok(DryRun::NeedsReboot(reason)) => {
+                return Err(Refusal::NeedsReboot {
+                    node: node.into(),
+                    file: file.into(),
+                    reason,
+                }
+                .into());
+            }
+            Err(Error::InvalidArgument(f)) => {
+                return Err(Refusal::NodeRejects {
+                    node: node.into(),
+                    file: file.into(),
+                    message: f.message,
+                }
+                .into());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Some((paths, reboot)))
     }
+}
+
+fn guard_paths(
+    node: &str,
+    file: &str,
+    paths: &[String],
+    expected: &[String],
+) -> Result<(), Refusal> {
+    if expected.is_empty() {
+        return Ok(());
+    }
+    let unexpected: Vec<String> = paths
+        .iter()
+        .filter(|p| !expected.iter().any(|e| covered(p, e)))
+        .cloned()
+        .collect();
+    if unexpected.is_empty() {
+        return Ok(());
+    }
+    Err(Refusal::UnexpectedChange {
+        node: node.into(),
+        file: file.into(),
+        paths: unexpected,
+        expected: expected.to_vec(),
+    })
 }
 
 /// Refuses a change of the service-account issuer: every token issued with
@@ -275,7 +412,7 @@ fn guard_issuer(
     current: &Documents,
     new: &Documents,
     allowed: bool,
-) -> Result<(), OpsError> {
+) -> Result<(), Refusal> {
     let (old_issuer, _) = issuer(current);
     let (new_issuer, pinned) = issuer(new);
     if allowed || old_issuer == new_issuer {
@@ -290,16 +427,22 @@ fn guard_issuer(
             "cluster.controlPlane.endpoint changes to {new_value} while the service-account issuer is not pinned, so the issuer changes from {old} to {new_value}"
         )
     };
-    Err(OpsError::Refused(format!(
-        "{node}: {cause}: every service-account token issued so far (the projected tokens of pods such as CoreDNS, the CNI agents and operators, and tokens held outside the cluster) is rejected as Unauthorized until it is renewed. Pin the issuer to {old} (a KubeServiceAccountConfig document with issuer.issuerURL: {old}, or cluster.apiServer.extraArgs.service-account-issuer) or pass --allow-issuer-change"
-    )))
+    Err(Refusal::IssuerChange {
+        node: node.into(),
+        cause,
+        old,
+    })
 }
 
 fn node_steps(node: &str, file: &str, reboot: bool, options: &ApplyOptions) -> Vec<PlannedStep> {
-    let step = |name: &str, description: String, destructive: bool| PlannedStep {
-        name: format!("{name}:{node}"),
-        description,
-        destructive,
+    let step = |phase: ApplyPhase, description: String| {
+        PlannedStep::new(
+            Step::Apply(ApplyStep {
+                phase,
+                node: node.to_string(),
+            }),
+            description,
+        )
     };
     let gate = match &options.check {
         Some(cmd) => format!(
@@ -312,44 +455,39 @@ fn node_steps(node: &str, file: &str, reboot: bool, options: &ApplyOptions) -> V
     if reboot {
         return vec![
             step(
-                "reboot",
+                ApplyPhase::Reboot,
                 format!(
                     "apply {file} to {node} in REBOOT mode: it reboots into it, with NO automatic rollback"
                 ),
-                true,
             ),
             step(
-                "wait-back",
+                ApplyPhase::WaitBack,
                 format!(
                     "wait up to {} s until {node} has rebooted and {gate}",
                     options.reboot_timeout.as_secs()
                 ),
-                false,
             ),
         ];
     }
     let window = humantime_like(options.try_timeout);
     vec![
         step(
-            "try",
+            ApplyPhase::Try,
             format!(
                 "apply {file} to {node} in TRY mode: it rolls back by itself after {window} unless confirmed"
             ),
-            true,
         ),
         step(
-            "gate",
+            ApplyPhase::Gate,
             format!(
                 "health gate within the try window: {gate}; if it fails, send nothing more and verify the rollback"
             ),
-            false,
         ),
         step(
-            "confirm",
+            ApplyPhase::Confirm,
             format!(
                 "apply the same file to {node} in NO_REBOOT mode, ending the try, and check it is persisted"
             ),
-            true,
         ),
     ]
 }

@@ -4,12 +4,14 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::{Map, Value, json};
-
-use super::apply::{DryRun, no_changes, read_config, try_dry_run};
+use super::apply::{
+    ApplyFacts, ApplyOptions, ApplyPhase, ApplyStep, DryRun, no_changes, read_config, read_planned,
+    try_dry_run,
+};
 use super::cluster::ClusterView;
 use super::config_diff::Documents;
-use super::{Ops, OpsError, Outcome, fact};
+use super::plan::label;
+use super::{Ops, OpsError, Outcome};
 use crate::client::{ApplyMode, ApplyRequest};
 
 /// How long after the try window a rollback must be visible.
@@ -17,34 +19,24 @@ const ROLLBACK_GRACE: Duration = Duration::from_secs(30);
 /// How often the gate and the waits look again.
 const POLL: Duration = Duration::from_millis(250);
 
-/// The parameters every apply step needs, from the journaled ones.
-struct Params {
+/// What every apply step needs: the file read again (checked against its
+/// planned hash) and the options.
+struct Params<'a> {
     config: Vec<u8>,
-    try_timeout: Duration,
-    reboot_timeout: Duration,
-    check: Option<String>,
+    options: &'a ApplyOptions,
 }
 
-impl Params {
-    /// Reads the configuration file again and checks it is the one the
-    /// operation was planned with (the journal keeps its hash, never its
-    /// contents: a machine configuration holds keys).
-    fn load(facts: &Map<String, Value>) -> Result<Params, OpsError> {
-        let params = facts.get("params").cloned().unwrap_or_default();
-        let config = super::apply::load_planned_file(&params)?;
+impl<'a> Params<'a> {
+    fn load(options: &'a ApplyOptions, facts: &ApplyFacts) -> Result<Params<'a>, OpsError> {
         Ok(Params {
-            config,
-            try_timeout: Duration::from_millis(
-                params["try_timeout_ms"].as_u64().unwrap_or(120_000),
-            ),
-            reboot_timeout: Duration::from_secs(params["reboot_timeout_s"].as_u64().unwrap_or(600)),
-            check: params["check"].as_str().map(str::to_string),
+            config: read_planned(&facts.config_path, &facts.config_sha256)?,
+            options,
         })
     }
 
     /// Time kept free at the end of the try window for the confirmation.
     fn confirm_margin(&self) -> Duration {
-        (self.try_timeout / 5).clamp(Duration::from_secs(1), Duration::from_secs(15))
+        (self.options.try_timeout / 5).clamp(Duration::from_secs(1), Duration::from_secs(15))
     }
 }
 
@@ -55,18 +47,13 @@ fn now_ms() -> u64 {
         .unwrap_or_default()
 }
 
-/// When the step in flight at a crash was journaled as started.
-fn in_flight_started_ms(facts: &Map<String, Value>) -> u64 {
-    time::OffsetDateTime::parse(
-        fact(facts, "in_flight_started"),
-        &time::format_description::well_known::Rfc3339,
-    )
+/// An RFC 3339 time as ms since the epoch (now when it does not parse).
+fn rfc3339_ms(text: Option<&str>) -> u64 {
+    text.and_then(|t| {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+    })
     .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as u64)
-    .unwrap_or_else(|_| now_ms())
-}
-
-fn deadline_key(node: &str) -> String {
-    format!("try_deadline_ms:{node}")
+    .unwrap_or_else(now_ms)
 }
 
 /// Time left until `deadline_ms` (zero when past).
@@ -74,42 +61,44 @@ fn left(deadline_ms: u64) -> Duration {
     Duration::from_millis(deadline_ms.saturating_sub(now_ms()))
 }
 
+fn step_name(phase: &str, node: &str) -> String {
+    label(phase, Some(node))
+}
+
 impl Ops {
     pub(super) async fn apply_step(
         &mut self,
-        step: &str,
-        facts: &mut Map<String, Value>,
+        options: &ApplyOptions,
+        step: &ApplyStep,
+        facts: &mut ApplyFacts,
     ) -> Result<Outcome, OpsError> {
-        let (kind, node) = step
-            .split_once(':')
-            .ok_or_else(|| OpsError::step(step, "unknown step"))?;
-        let params = Params::load(facts)?;
-        match kind {
-            "try" => self.try_apply(node, &params, facts).await,
-            "gate" => self.gate(node, &params, facts).await,
-            "confirm" => self.confirm(node, &params, facts).await,
-            "reboot" => self.reboot_apply(node, &params, facts).await,
-            "wait-back" => self.wait_back(node, &params, facts).await,
-            _ => Err(OpsError::step(step, "unknown step")),
+        let params = Params::load(options, facts)?;
+        let node = step.node.as_str();
+        match step.phase {
+            ApplyPhase::Try => self.try_apply(node, &params, facts).await,
+            ApplyPhase::Gate => self.gate(node, &params, facts).await,
+            ApplyPhase::Confirm => self.confirm(node, &params, facts).await,
+            ApplyPhase::Reboot => self.reboot_apply(node, &params, facts).await,
+            ApplyPhase::WaitBack => self.wait_back(node, &params, facts).await,
         }
     }
 
-    /// A step of an apply that was in flight at a crash: `try` is done when
-    /// the node runs the file (a TRY dry run reports no changes), otherwise
-    /// sent again; `confirm` and `reboot` are done when the node persisted
-    /// the file (if the reboot was not journaled, `wait-back` counts from the
-    /// reboot step's start).
+    /// A step of an apply that was in flight at a crash (journaled as
+    /// started at `started`): `try` is done when the node runs the file (a
+    /// TRY dry run reports no changes), otherwise sent again; `confirm` and
+    /// `reboot` are done when the node persisted the file (if the reboot
+    /// was not journaled, `wait-back` counts from the reboot step's start).
     pub(super) async fn reconcile_apply(
         &mut self,
-        step: &str,
-        facts: &mut Map<String, Value>,
+        options: &ApplyOptions,
+        step: &ApplyStep,
+        facts: &mut ApplyFacts,
+        started: Option<&str>,
     ) -> Result<Option<Outcome>, OpsError> {
-        let Some((kind, node)) = step.split_once(':') else {
-            return Ok(None);
-        };
-        let params = Params::load(facts)?;
-        match kind {
-            "try" => {
+        let params = Params::load(options, facts)?;
+        let node = step.node.as_str();
+        match step.phase {
+            ApplyPhase::Try => {
                 let runs_it = matches!(
                     try_dry_run(&self.client, node, &params.config).await?,
                     DryRun::InPlace(s) if no_changes(&s)
@@ -117,22 +106,21 @@ impl Ops {
                 if !runs_it {
                     return Ok(None);
                 }
-                if !facts.contains_key(&deadline_key(node)) {
-                    // The try was sent after its step was journaled as
-                    // started, so that time plus the window is no later
-                    // than the node's rollback.
-                    let deadline =
-                        in_flight_started_ms(facts) + params.try_timeout.as_millis() as u64;
-                    facts.insert(deadline_key(node), json!(deadline));
-                }
+                // The try was sent after its step was journaled as started,
+                // so that time plus the window is no later than the node's
+                // rollback.
+                let deadline = rfc3339_ms(started) + options.try_timeout.as_millis() as u64;
+                facts.try_deadline_ms.entry(node.into()).or_insert(deadline);
                 Ok(Some(Outcome::done(format!(
                     "the try had reached {node} before the interruption: it runs the file"
                 ))))
             }
-            "confirm" | "reboot" if self.persisted(node, &params).await? => {
-                let sent = format!("reboot_sent_ms:{node}");
-                if kind == "reboot" && !facts.contains_key(&sent) {
-                    facts.insert(sent, json!(in_flight_started_ms(facts)));
+            ApplyPhase::Confirm | ApplyPhase::Reboot if self.persisted(node, &params).await? => {
+                if step.phase == ApplyPhase::Reboot {
+                    facts
+                        .reboot_sent_ms
+                        .entry(node.into())
+                        .or_insert(rfc3339_ms(started));
                 }
                 Ok(Some(Outcome::done(format!(
                     "{node} had persisted the file before the interruption"
@@ -145,26 +133,26 @@ impl Ops {
     async fn try_apply(
         &mut self,
         node: &str,
-        params: &Params,
-        facts: &mut Map<String, Value>,
+        params: &Params<'_>,
+        facts: &mut ApplyFacts,
     ) -> Result<Outcome, OpsError> {
         // The node starts its rollback timer after this instant, so the
         // deadline counted from here is never later than the rollback.
         let sent = now_ms();
         let request = ApplyRequest::new(params.config.clone(), ApplyMode::Try)
-            .with_try_timeout(params.try_timeout);
+            .with_try_timeout(params.options.try_timeout);
         let result = self.client.node(node).apply_configuration(request).await?;
         if result.mode != ApplyMode::Try {
             return Err(OpsError::step(
-                &format!("try:{node}"),
+                &step_name("try", node),
                 format!(
                     "{node} applied the file in mode {} instead of try",
                     result.mode
                 ),
             ));
         }
-        let deadline = sent + params.try_timeout.as_millis() as u64;
-        facts.insert(deadline_key(node), json!(deadline));
+        let deadline = sent + params.options.try_timeout.as_millis() as u64;
+        facts.try_deadline_ms.insert(node.into(), deadline);
         Ok(Outcome::done(format!(
             "{node} runs the file on trial: {}",
             result.mode_details.replace('\n', "; ")
@@ -177,13 +165,11 @@ impl Ops {
     async fn gate(
         &mut self,
         node: &str,
-        params: &Params,
-        facts: &mut Map<String, Value>,
+        params: &Params<'_>,
+        facts: &mut ApplyFacts,
     ) -> Result<Outcome, OpsError> {
-        let deadline = facts
-            .get(&deadline_key(node))
-            .and_then(Value::as_u64)
-            .unwrap_or_else(now_ms);
+        let deadline =
+            *super::plan::need(&facts.try_deadline_ms.get(node).copied(), "try_deadline_ms")?;
         let gate_end = deadline.saturating_sub(params.confirm_margin().as_millis() as u64);
         let mut attempts = 0;
         let reason = loop {
@@ -203,7 +189,7 @@ impl Ops {
         };
         let rollback = self.verify_rollback(node, params, deadline).await;
         Err(OpsError::step(
-            &format!("gate:{node}"),
+            &step_name("gate", node),
             match rollback {
                 Ok(()) => format!(
                     "the health gate failed: {reason}; nothing more was sent and {node} rolled back to its previous configuration (verified)"
@@ -220,7 +206,7 @@ impl Ops {
     async fn gate_once(
         &self,
         node: &str,
-        params: &Params,
+        params: &Params<'_>,
         budget: Duration,
     ) -> Result<String, String> {
         let target = self.client.node(node);
@@ -270,7 +256,7 @@ impl Ops {
             view.members.len(),
             services.len()
         );
-        if let Some(cmd) = &params.check {
+        if let Some(cmd) = &params.options.check {
             run_check(cmd, node, budget).await?;
             summary.push_str(&format!("; `{cmd}` exited 0"));
         }
@@ -283,7 +269,7 @@ impl Ops {
     async fn verify_rollback(
         &self,
         node: &str,
-        params: &Params,
+        params: &Params<'_>,
         deadline: u64,
     ) -> Result<(), String> {
         let previous = read_config(&self.client, node)
@@ -314,14 +300,12 @@ impl Ops {
     async fn confirm(
         &mut self,
         node: &str,
-        params: &Params,
-        facts: &mut Map<String, Value>,
+        params: &Params<'_>,
+        facts: &mut ApplyFacts,
     ) -> Result<Outcome, OpsError> {
-        let step = format!("confirm:{node}");
-        let deadline = facts
-            .get(&deadline_key(node))
-            .and_then(Value::as_u64)
-            .unwrap_or_default();
+        let step = step_name("confirm", node);
+        let deadline =
+            *super::plan::need(&facts.try_deadline_ms.get(node).copied(), "try_deadline_ms")?;
         if left(deadline).is_zero() {
             let rollback = self.verify_rollback(node, params, deadline).await;
             return Err(OpsError::step(
@@ -351,7 +335,7 @@ impl Ops {
     }
 
     /// Whether the node's persisted configuration is the file (by content).
-    async fn persisted(&self, node: &str, params: &Params) -> Result<bool, OpsError> {
+    async fn persisted(&self, node: &str, params: &Params<'_>) -> Result<bool, OpsError> {
         let current = read_config(&self.client, node).await?;
         let (Ok(current), Ok(file)) =
             (Documents::parse(&current), Documents::parse(&params.config))
@@ -364,10 +348,10 @@ impl Ops {
     async fn reboot_apply(
         &mut self,
         node: &str,
-        params: &Params,
-        facts: &mut Map<String, Value>,
+        params: &Params<'_>,
+        facts: &mut ApplyFacts,
     ) -> Result<Outcome, OpsError> {
-        facts.insert(format!("reboot_sent_ms:{node}"), json!(now_ms()));
+        facts.reboot_sent_ms.insert(node.into(), now_ms());
         let request = ApplyRequest::new(params.config.clone(), ApplyMode::Reboot);
         let result = self.client.node(node).apply_configuration(request).await?;
         Ok(Outcome::done(format!(
@@ -383,15 +367,12 @@ impl Ops {
     async fn wait_back(
         &self,
         node: &str,
-        params: &Params,
-        facts: &Map<String, Value>,
+        params: &Params<'_>,
+        facts: &ApplyFacts,
     ) -> Result<Outcome, OpsError> {
-        let since = facts
-            .get(&format!("reboot_sent_ms:{node}"))
-            .and_then(Value::as_u64)
-            .unwrap_or_default();
+        let since = *super::plan::need(&facts.reboot_sent_ms.get(node).copied(), "reboot_sent_ms")?;
         let started = Instant::now();
-        let until = started + params.reboot_timeout;
+        let until = started + params.options.reboot_timeout;
         let mut last = String::from("not answering yet");
         while Instant::now() < until {
             match self.booted_since(node, since).await {
@@ -411,10 +392,10 @@ impl Ops {
             tokio::time::sleep(POLL).await;
         }
         Err(OpsError::step(
-            &format!("wait-back:{node}"),
+            &step_name("wait-back", node),
             format!(
                 "{node} not back and healthy within {} s: {last}",
-                params.reboot_timeout.as_secs()
+                params.options.reboot_timeout.as_secs()
             ),
         ))
     }

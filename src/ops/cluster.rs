@@ -110,6 +110,31 @@ impl ClusterView {
             .filter(|l| l.0 != 0)
     }
 
+    /// The cluster as read, in one line per member (id, name, learner,
+    /// healthy) and the leader: what a plan's fingerprint covers.
+    pub fn basis(&self) -> String {
+        let mut lines: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} {} learner={} healthy={}",
+                    m.id,
+                    m.hostname,
+                    m.is_learner,
+                    self.healthy(m.id)
+                )
+            })
+            .collect();
+        lines.push(format!("leader={:?}", self.leader()));
+        lines.join("\n")
+    }
+
+    /// Member `id`, if listed.
+    pub fn find_id_member(&self, id: MemberId) -> Option<&EtcdMember> {
+        self.members.iter().find(|m| m.id == id)
+    }
+
     /// Whether member `id` is listed.
     pub fn find_id(&self, id: MemberId) -> bool {
         self.members.iter().any(|m| m.id == id)

@@ -2,7 +2,7 @@
 //! is still a voting etcd member leaves a dead member that still counts for
 //! quorum, so it is refused (the retire operation leaves etcd first).
 
-use super::OpsError;
+use super::{OpsError, Refusal};
 use crate::{Client, Error};
 
 /// Refuses a non-graceful reset of `node` while it is a voting etcd member.
@@ -18,9 +18,11 @@ pub async fn check_plain_reset(client: &Client, node: &str) -> Result<(), OpsErr
         Ok(m) => m,
         Err(Error::Unimplemented(_)) => return Ok(()),
         Err(e) => {
-            return Err(OpsError::Refused(format!(
-                "a non-graceful reset of {node}: cannot tell whether it is an etcd member ({e}); pass --force to reset anyway"
-            )));
+            return Err(Refusal::MembershipUnknown {
+                node: node.into(),
+                error: e.to_string(),
+            }
+            .into());
         }
     };
     let voters = members.iter().filter(|m| !m.is_learner).count();
@@ -29,12 +31,13 @@ pub async fn check_plain_reset(client: &Client, node: &str) -> Result<(), OpsErr
         .any(|m| m.hostname == hostname && !m.is_learner)
     {
         let quorum = super::cluster::quorum(voters);
-        return Err(OpsError::Refused(format!(
-            "a non-graceful reset of {node} ({hostname}): it is still a voting etcd member. \
-             Wiping it without leaving etcd leaves a dead member that still counts: {voters} voters need {quorum} \
-             healthy, and one more failure would stop the cluster. Use `--graceful` to leave etcd first, or \
-             `talosctl-rs ops retire {node}` (verified snapshot, forfeit, leave, reset); --force resets anyway"
-        )));
+        return Err(Refusal::ResetOfVoter {
+            node: node.into(),
+            hostname,
+            voters,
+            quorum,
+        }
+        .into());
     }
     Ok(())
 }

@@ -3,72 +3,190 @@
 //! it first applies it to NODE in maintenance mode (the seeds'
 //! `apply-config --insecure`), which makes NODE join.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use std::path::PathBuf;
+use serde::{Deserialize, Serialize};
 
-use serde_json::json;
-
-use super::apply::{load_planned_file, sha256_hex};
+use super::apply::{read_planned, sha256_hex};
 use super::cluster::{ClusterView, host_of, names};
-use super::{OpKind, Ops, OpsError, Outcome, Plan, PlannedStep, fact};
+use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
+use super::policy::unhealthy_voters;
+use super::spec::millis;
+use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
 use crate::client::{ApplyMode, ApplyRequest};
 use crate::maintenance::MaintenanceClient;
 
-/// Options of [`Ops::plan_join`].
-#[derive(Debug, Clone)]
+fn default_join_timeout() -> Duration {
+    JoinOptions::DEFAULT_TIMEOUT
+}
+
+/// Options of a join ([`OpSpec::Join`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct JoinOptions {
     /// The new node: hostname or address (`host:port` for a maintenance
     /// node on another port).
     pub node: String,
     /// How long to wait.
+    #[serde(
+        default = "default_join_timeout",
+        with = "millis",
+        rename = "timeout_ms"
+    )]
     pub timeout: Duration,
     /// A configuration to apply to NODE in maintenance mode first.
+    #[serde(default)]
     pub maintenance: Option<MaintenanceApply>,
 }
 
-/// A control-plane configuration for a node in maintenance mode.
-#[derive(Debug, Clone)]
+impl JoinOptions {
+    /// How long a new node may take to become a healthy voter, by default.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+    /// Wait for `node` with the default timeout, applying nothing.
+    pub fn new(node: impl Into<String>) -> JoinOptions {
+        JoinOptions {
+            node: node.into(),
+            timeout: Self::DEFAULT_TIMEOUT,
+            maintenance: None,
+        }
+    }
+}
+
+/// A control-plane configuration for a node in maintenance mode, where the
+/// node has no certificate from the cluster's CA: it is pinned by SPKI
+/// fingerprint, or explicitly not verified. The file is read at plan time
+/// and again (checked against its hash) when applied; the journal keeps
+/// its path and hash, never its contents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct MaintenanceApply {
-    /// The file (named in messages; read again on resume).
+    /// The file.
     pub config_path: PathBuf,
-    /// Its contents.
-    pub config: Vec<u8>,
-    /// SPKI fingerprints the node's certificate must match; empty: the
-    /// node is NOT verified (talosctl's bare `--insecure`).
+    /// SPKI fingerprints the node's certificate must match.
+    #[serde(default)]
     pub cert_fingerprints: Vec<String>,
+    /// The node is NOT verified (talosctl's bare `--insecure`).
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 impl MaintenanceApply {
-    /// Reads the configuration at `path` for a maintenance-mode apply. The
-    /// node has no certificate from the cluster's CA there, so it is either
-    /// pinned by SPKI fingerprint or, with `insecure`, not verified at all;
-    /// neither is refused.
-    pub fn load(
-        path: &std::path::Path,
-        cert_fingerprints: Vec<String>,
-        insecure: bool,
-    ) -> Result<MaintenanceApply, OpsError> {
-        if cert_fingerprints.is_empty() && !insecure {
-            return Err(OpsError::Refused(format!(
-                "{} is applied in maintenance mode, where the node has no certificate from the cluster's CA: pin it with --cert-fingerprint FP (the node prints it) or pass --insecure to skip verification",
-                path.display()
-            )));
+    /// `path`, with the node's certificate pinned to `fingerprints`.
+    pub fn pinned(path: impl Into<PathBuf>, fingerprints: Vec<String>) -> MaintenanceApply {
+        MaintenanceApply {
+            config_path: path.into(),
+            cert_fingerprints: fingerprints,
+            insecure: false,
         }
-        if !cert_fingerprints.is_empty() && insecure {
-            return Err(OpsError::Refused(
-                "--insecure and --cert-fingerprint exclude each other".into(),
-            ));
+    }
+
+    /// `path`, with the node not verified at all.
+    pub fn insecure(path: impl Into<PathBuf>) -> MaintenanceApply {
+        MaintenanceApply {
+            config_path: path.into(),
+            cert_fingerprints: Vec::new(),
+            insecure: true,
         }
-        let config = std::fs::read(path).map_err(|source| OpsError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-        Ok(MaintenanceApply {
-            config_path: std::path::absolute(path).unwrap_or_else(|_| path.to_owned()),
-            config,
-            cert_fingerprints,
-        })
+    }
+
+    /// Refuses neither pinned nor explicitly insecure, or both.
+    fn check(&self) -> Result<(), Refusal> {
+        match (self.cert_fingerprints.is_empty(), self.insecure) {
+            (true, false) => Err(Refusal::MaintenanceUnverified {
+                file: self.config_path.display().to_string(),
+            }),
+            (false, true) => Err(Refusal::PinsAndInsecure),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The steps of a join (and of a migration's join half).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JoinStep {
+    /// Apply the configuration to the node in maintenance mode.
+    ApplyConfig,
+    /// Wait until it is a healthy voter.
+    WaitVoter,
+}
+
+impl StepInfo for JoinStep {
+    fn name(&self) -> &'static str {
+        match self {
+            JoinStep::ApplyConfig => "apply-config",
+            JoinStep::WaitVoter => "wait-voter",
+        }
+    }
+
+    fn destructive(&self) -> bool {
+        matches!(self, JoinStep::ApplyConfig)
+    }
+}
+
+/// The maintenance apply as planned: the file's path and hash, the pins.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedMaintenance {
+    /// The file (absolute).
+    pub config_path: PathBuf,
+    /// sha256 of its contents at plan time (hex).
+    pub config_sha256: String,
+    /// The pins (empty: not verified).
+    pub cert_fingerprints: Vec<String>,
+}
+
+/// What a join's preflight found and its steps recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct JoinFacts {
+    /// The node as given.
+    pub node: String,
+    /// How long to wait.
+    #[serde(with = "millis", rename = "timeout_ms")]
+    pub timeout: Duration,
+    /// The maintenance apply, when there is one.
+    pub maintenance: Option<PlannedMaintenance>,
+    /// Seconds until it was a healthy voter.
+    pub join_seconds: Option<f64>,
+}
+
+impl JoinFacts {
+    /// The steps for these facts.
+    pub(crate) fn steps(&self) -> Vec<JoinStep> {
+        match self.maintenance {
+            Some(_) => vec![JoinStep::ApplyConfig, JoinStep::WaitVoter],
+            None => vec![JoinStep::WaitVoter],
+        }
+    }
+}
+
+impl JoinStep {
+    /// What the step does, in the cluster's terms.
+    pub(crate) fn describe(self, f: &JoinFacts) -> String {
+        let node = &f.node;
+        match (self, &f.maintenance) {
+            (JoinStep::ApplyConfig, Some(m)) => {
+                let verified = if m.cert_fingerprints.is_empty() {
+                    "its certificate NOT verified".to_string()
+                } else {
+                    format!(
+                        "its certificate pinned to {}",
+                        m.cert_fingerprints.join(", ")
+                    )
+                };
+                format!(
+                    "apply {} to {node} in maintenance mode, {verified}: it boots configured and joins etcd as a learner",
+                    m.config_path.display()
+                )
+            }
+            (JoinStep::ApplyConfig, None) => format!("apply nothing to {node}"),
+            (JoinStep::WaitVoter, _) => format!(
+                "wait up to {} s until {node} is a voting member and every member is healthy",
+                f.timeout.as_secs()
+            ),
+        }
     }
 }
 
@@ -81,104 +199,109 @@ fn maintenance_client(node: &str, pins: &[String]) -> Result<MaintenanceClient, 
     }
 }
 
-fn pins_of(params: &serde_json::Value) -> Vec<String> {
-    params["cert_fingerprints"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect()
+/// Notes when `count` members make an even count.
+pub(crate) fn even_note(node: &str, count: usize) -> Option<String> {
+    count.is_multiple_of(2).then(|| {
+        format!(
+            "with {node} the cluster has {count} members, an even count: it survives no more failures than {}",
+            count - 1
+        )
+    })
 }
 
 impl Ops {
     /// Plans the wait; notes when the join makes the member count even (an
     /// even count survives no more failures than one fewer).
-    pub async fn plan_join(&self, options: &JoinOptions) -> Result<Plan, OpsError> {
+    pub(super) async fn plan_join(&self, options: &JoinOptions) -> Result<Plan, OpsError> {
         let view = ClusterView::read(&self.client).await?;
-        let mut notes = Vec::new();
         let after = view.members.len() + usize::from(view.find(&options.node).is_none());
-        if after % 2 == 0 {
-            notes.push(format!(
-                "with {} the cluster has {after} members, an even count: it survives no more failures than {}",
-                options.node,
-                after - 1
-            ));
-        }
-        let mut steps = Vec::new();
-        let mut params = json!({ "node": options.node, "timeout_s": options.timeout.as_secs() });
-        if let Some(m) = &options.maintenance {
-            steps.push(self.preflight_maintenance(&view, &options.node, m).await?);
-            params["config_path"] = json!(m.config_path);
-            params["config_sha256"] = json!(sha256_hex(&m.config));
-            params["cert_fingerprints"] = json!(m.cert_fingerprints);
-        }
-        steps.push(PlannedStep {
-            name: "wait-voter".into(),
-            description: format!(
-                "wait up to {} s until {} is a voting member and every member is healthy",
-                options.timeout.as_secs(),
-                options.node
-            ),
-            destructive: false,
-        });
-        let mut facts = serde_json::Map::new();
-        facts.insert("node".into(), json!(options.node));
-        Ok(Plan {
-            kind: OpKind::Join,
-            params,
+        let notes = even_note(&options.node, after).into_iter().collect();
+        let facts = self
+            .join_facts(
+                &view,
+                &options.node,
+                options.timeout,
+                options.maintenance.as_ref(),
+            )
+            .await?;
+        let steps = facts
+            .steps()
+            .into_iter()
+            .map(|s| PlannedStep::new(Step::Join(s), s.describe(&facts)))
+            .collect();
+        Ok(Plan::new(
+            OpSpec::Join(options.clone()),
             steps,
             notes,
-            facts,
+            Facts::Join(facts),
+            &view.basis(),
+        ))
+    }
+
+    /// The join half's facts: with a configuration, refuses unless NODE
+    /// answers in maintenance mode, is no member yet and the file parses.
+    pub(super) async fn join_facts(
+        &self,
+        view: &ClusterView,
+        node: &str,
+        timeout: Duration,
+        maintenance: Option<&MaintenanceApply>,
+    ) -> Result<JoinFacts, OpsError> {
+        let planned = match maintenance {
+            Some(m) => Some(self.preflight_maintenance(view, node, m).await?),
+            None => None,
+        };
+        Ok(JoinFacts {
+            node: node.to_string(),
+            timeout,
+            maintenance: planned,
+            join_seconds: None,
         })
     }
 
-    /// Refuses unless NODE answers in maintenance mode and is no member
-    /// yet; returns the apply step.
-    pub(super) async fn preflight_maintenance(
+    async fn preflight_maintenance(
         &self,
         view: &ClusterView,
         node: &str,
         m: &MaintenanceApply,
-    ) -> Result<PlannedStep, OpsError> {
-        let file = m.config_path.display();
+    ) -> Result<PlannedMaintenance, OpsError> {
+        m.check()?;
+        let path = std::path::absolute(&m.config_path).unwrap_or_else(|_| m.config_path.clone());
+        let file = path.display().to_string();
         if let Some(member) = view.find(node) {
-            return Err(OpsError::Refused(format!(
-                "{node} is already etcd member {} ({}): it is not in maintenance mode; drop --config",
-                member.id, member.hostname
-            )));
+            return Err(Refusal::AlreadyMember {
+                node: node.into(),
+                member_id: member.id.to_string(),
+                hostname: member.hostname.clone(),
+            }
+            .into());
         }
-        super::config_diff::Documents::parse(&m.config)
-            .map_err(|e| OpsError::Refused(format!("{file}: {e}")))?;
-        let client = maintenance_client(node, &m.cert_fingerprints)?;
-        client.version().await.map_err(|e| {
-            OpsError::Refused(format!("{node} does not answer in maintenance mode: {e}"))
+        let config = read_file(&path)?;
+        super::config_diff::Documents::parse(&config).map_err(|e| Refusal::BadConfig {
+            file: file.clone(),
+            error: e.to_string(),
         })?;
-        let verified = if m.cert_fingerprints.is_empty() {
-            "its certificate NOT verified (--insecure)".to_string()
-        } else {
-            format!(
-                "its certificate pinned to {}",
-                m.cert_fingerprints.join(", ")
-            )
-        };
-        Ok(PlannedStep {
-            name: "apply-config".into(),
-            description: format!(
-                "apply {file} to {node} in maintenance mode, {verified}: it boots configured and joins etcd as a learner"
-            ),
-            destructive: true,
+        let client = maintenance_client(node, &m.cert_fingerprints)?;
+        client
+            .version()
+            .await
+            .map_err(|e| Refusal::NotInMaintenance {
+                node: node.into(),
+                error: e.to_string(),
+            })?;
+        Ok(PlannedMaintenance {
+            config_path: path,
+            config_sha256: sha256_hex(&config),
+            cert_fingerprints: m.cert_fingerprints.clone(),
         })
     }
 
     /// Applies the planned file to the maintenance node.
-    pub(super) async fn apply_in_maintenance(
-        &self,
-        facts: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<Outcome, OpsError> {
-        let params = facts.get("params").cloned().unwrap_or_default();
-        let config = load_planned_file(&params)?;
-        let node = fact(facts, "node");
-        let client = maintenance_client(node, &pins_of(&params))?;
+    async fn apply_in_maintenance(&self, facts: &JoinFacts) -> Result<Outcome, OpsError> {
+        let m = need(&facts.maintenance, "maintenance")?;
+        let config = read_planned(&m.config_path, &m.config_sha256)?;
+        let node = &facts.node;
+        let client = maintenance_client(node, &m.cert_fingerprints)?;
         let result = client
             .apply_configuration(ApplyRequest::new(config, ApplyMode::Auto))
             .await?;
@@ -190,11 +313,15 @@ impl Ops {
 
     /// An apply in maintenance mode in flight at a crash is done when the
     /// node is an etcd member or answers with the cluster's certificate.
-    pub(super) async fn reconcile_maintenance_apply(
+    pub(super) async fn reconcile_join(
         &self,
-        facts: &serde_json::Map<String, serde_json::Value>,
+        step: JoinStep,
+        facts: &JoinFacts,
     ) -> Result<Option<Outcome>, OpsError> {
-        let node = fact(facts, "node");
+        if step != JoinStep::ApplyConfig {
+            return Ok(None);
+        }
+        let node = &facts.node;
         let member = ClusterView::read(&self.client)
             .await
             .is_ok_and(|v| v.find(node).is_some());
@@ -205,22 +332,17 @@ impl Ops {
 
     pub(super) async fn join_step(
         &mut self,
-        step: &str,
-        facts: &mut serde_json::Map<String, serde_json::Value>,
+        step: JoinStep,
+        facts: &mut JoinFacts,
     ) -> Result<Outcome, OpsError> {
-        if step == "apply-config" {
-            return self.apply_in_maintenance(facts).await;
+        match step {
+            JoinStep::ApplyConfig => self.apply_in_maintenance(facts).await,
+            JoinStep::WaitVoter => self.wait_voter(facts).await,
         }
-        if step != "wait-voter" {
-            return Err(OpsError::step(step, "unknown step"));
-        }
-        let node = fact(facts, "node").to_string();
-        let timeout = Duration::from_secs(
-            facts
-                .get("params")
-                .and_then(|p| p["timeout_s"].as_u64())
-                .unwrap_or(600),
-        );
+    }
+
+    async fn wait_voter(&self, facts: &mut JoinFacts) -> Result<Outcome, OpsError> {
+        let node = facts.node.clone();
         let started = Instant::now();
         let mut last;
         loop {
@@ -232,14 +354,10 @@ impl Ops {
                     ),
                     Some(m) if m.is_learner => format!("{node} is still a learner"),
                     Some(_) => {
-                        let unhealthy: Vec<_> = view
-                            .voters()
-                            .filter(|m| !view.healthy(m.id))
-                            .map(|m| m.hostname.clone())
-                            .collect();
+                        let unhealthy = unhealthy_voters(&view, None);
                         if unhealthy.is_empty() && view.disagreements.is_empty() {
                             let took = started.elapsed().as_secs_f64();
-                            facts.insert("join_seconds".into(), json!(took));
+                            facts.join_seconds = Some(took);
                             let count = view.members.len();
                             let even = if count % 2 == 0 {
                                 " (an even count)"
@@ -259,10 +377,18 @@ impl Ops {
                 },
                 Err(e) => e.to_string(),
             };
-            if started.elapsed() > timeout {
+            if started.elapsed() > facts.timeout {
                 return Err(OpsError::step("wait-voter", format!("timed out: {last}")));
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
+}
+
+/// Reads a file named in an operation, the error naming it.
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, OpsError> {
+    std::fs::read(path).map_err(|source| OpsError::Io {
+        path: path.to_owned(),
+        source,
+    })
 }

@@ -3,6 +3,13 @@
 //! destructive step is recorded as started before its call is sent, so
 //! after a crash the journal names the step that was in flight. It never
 //! holds key material: clusters are named by context and CA fingerprint.
+//!
+//! Format 2 (this one) stores an operation's parameters as its
+//! [`OpSpec`](super::OpSpec), its facts as the operation's typed facts and
+//! each step as its typed step. A journal written before (format 1, string
+//! steps and loose parameters) is upgraded in place: its records stay
+//! listable and showable, and an operation of format 1 can only be
+//! abandoned, never resumed, so nothing is misread.
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +18,11 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use super::OpsError;
+use super::plan::{Facts, Step};
+use super::spec::OpSpec;
+
+/// The format this version writes.
+pub(crate) const FORMAT: u32 = 2;
 
 /// Where an operation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +68,9 @@ pub struct StepRecord {
     pub index: usize,
     /// The step's name (`snapshot`, `leave`, `reset`, ...).
     pub name: String,
+    /// The node it acts on, when the operation has several (apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// What it does.
     pub description: String,
     /// Whether it changes the cluster.
@@ -70,6 +85,16 @@ pub struct StepRecord {
     pub duration_ms: Option<u64>,
     /// Its result or failure, in words.
     pub detail: Option<String>,
+    /// The typed step (format 2).
+    #[serde(skip)]
+    pub(crate) step: Option<Step>,
+}
+
+impl StepRecord {
+    /// Its name, with its node when it has one (`try 10.5.0.2`).
+    pub fn label(&self) -> String {
+        super::plan::label(&self.name, self.node.as_deref())
+    }
 }
 
 /// One operation as journaled.
@@ -77,16 +102,20 @@ pub struct StepRecord {
 pub struct OpRecord {
     /// Its id.
     pub id: String,
-    /// `snapshot`, `retire` or `join`.
+    /// `snapshot`, `retire`, `join`, `migrate` or `apply`.
     pub kind: String,
     /// The talosconfig context it ran against.
     pub context: String,
     /// sha256 of the cluster CA certificate (hex).
     pub ca_fingerprint: String,
-    /// Its parameters.
+    /// Its parameters: the [`OpSpec`] (format 2).
     pub params: serde_json::Value,
-    /// Facts gathered while running (snapshot path, gap, ...).
+    /// Facts found by the preflight and gathered while running (snapshot
+    /// path, gap, ...): the operation's typed facts (format 2).
     pub facts: serde_json::Value,
+    /// The journal format it was written in.
+    #[serde(default = "format_one")]
+    pub format: u32,
     /// Where it stands.
     pub state: OpState,
     /// When it was created (RFC 3339).
@@ -97,7 +126,57 @@ pub struct OpRecord {
     pub steps: Vec<StepRecord>,
 }
 
+fn format_one() -> u32 {
+    1
+}
+
 impl OpRecord {
+    /// Refuses a record of an earlier format, saying what to do.
+    fn current(&self) -> Result<(), OpsError> {
+        if self.format == FORMAT {
+            return Ok(());
+        }
+        Err(OpsError::EarlierFormat {
+            id: self.id.clone(),
+            format: self.format,
+        })
+    }
+
+    /// Its spec.
+    pub fn spec(&self) -> Result<OpSpec, OpsError> {
+        self.current()?;
+        serde_json::from_value(self.params.clone()).map_err(|e| self.unreadable("params", e))
+    }
+
+    /// Its typed facts.
+    pub fn typed_facts(&self) -> Result<Facts, OpsError> {
+        self.current()?;
+        serde_json::from_value(self.facts.clone()).map_err(|e| self.unreadable("facts", e))
+    }
+
+    /// Its typed steps.
+    pub(crate) fn typed_steps(&self) -> Result<Vec<Step>, OpsError> {
+        self.current()?;
+        self.steps
+            .iter()
+            .map(|s| {
+                s.step.clone().ok_or_else(|| OpsError::Unreadable {
+                    id: self.id.clone(),
+                    what: format!("step {}", s.index + 1),
+                    reason: "no typed step".into(),
+                })
+            })
+            .collect()
+    }
+
+    fn unreadable(&self, what: &str, e: serde_json::Error) -> OpsError {
+        OpsError::Unreadable {
+            id: self.id.clone(),
+            what: what.into(),
+            reason: e.to_string(),
+        }
+    }
+
     /// The step that was started and not finished: after a crash, the one
     /// in flight.
     pub fn in_flight(&self) -> Option<&StepRecord> {
@@ -105,9 +184,11 @@ impl OpRecord {
     }
 }
 
-/// The journal database.
+/// The journal database. Its connection sits behind a mutex, so a journal
+/// (and an [`Ops`](super::Ops) holding one) can be shared between tasks and
+/// an operation's future is `Send`; no lock is held across an await.
 pub struct Journal {
-    conn: Connection,
+    conn: std::sync::Mutex<Connection>,
     path: PathBuf,
 }
 
@@ -127,6 +208,15 @@ CREATE TABLE IF NOT EXISTS steps (
   description TEXT NOT NULL, destructive INTEGER NOT NULL, state TEXT NOT NULL,
   started TEXT, finished TEXT, duration_ms INTEGER, detail TEXT,
   PRIMARY KEY (op_id, idx));
+";
+
+/// From format 1: the record's format (1 for the rows already there), each
+/// step's node and typed step.
+const UPGRADE_TO_2: &str = "
+ALTER TABLE operations ADD COLUMN format INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE steps ADD COLUMN node TEXT;
+ALTER TABLE steps ADD COLUMN step TEXT;
+PRAGMA user_version = 2;
 ";
 
 fn to_text<T: Serialize>(value: &T) -> String {
@@ -173,22 +263,30 @@ impl Journal {
             .and_then(|()| conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"))
             .and_then(|()| conn.execute_batch(SCHEMA))
             .map_err(|e| OpsError::journal(&path, e))?;
+        upgrade(&conn, &path)?;
         drop(setup);
-        Ok(Journal { conn, path })
+        Ok(Journal {
+            conn: std::sync::Mutex::new(conn),
+            path,
+        })
     }
 
     fn err(&self, e: rusqlite::Error) -> OpsError {
         OpsError::journal(&self.path, e)
     }
 
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Records a new operation and its planned steps, all pending.
-    pub(crate) fn create(&mut self, record: &OpRecord) -> Result<(), OpsError> {
-        let tx = self
-            .conn
+    pub(crate) fn create(&self, record: &OpRecord) -> Result<(), OpsError> {
+        let mut conn = self.conn();
+        let tx = conn
             .transaction()
             .map_err(|e| OpsError::journal(&self.path, e))?;
         tx.execute(
-            "INSERT INTO operations VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            "INSERT INTO operations (id, kind, context, ca_fingerprint, params, facts, state, created, updated, format) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             params![
                 record.id,
                 record.kind,
@@ -198,14 +296,24 @@ impl Journal {
                 record.facts.to_string(),
                 to_text(&record.state),
                 record.created,
-                record.updated
+                record.updated,
+                FORMAT
             ],
         )
         .map_err(|e| OpsError::journal(&self.path, e))?;
         for step in &record.steps {
             tx.execute(
-                "INSERT INTO steps (op_id, idx, name, description, destructive, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![record.id, step.index, step.name, step.description, step.destructive, to_text(&step.state)],
+                "INSERT INTO steps (op_id, idx, name, description, destructive, state, node, step) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    record.id,
+                    step.index,
+                    step.name,
+                    step.description,
+                    step.destructive,
+                    to_text(&step.state),
+                    step.node,
+                    step.step.as_ref().and_then(|s| serde_json::to_string(s).ok())
+                ],
             )
             .map_err(|e| OpsError::journal(&self.path, e))?;
         }
@@ -213,9 +321,9 @@ impl Journal {
     }
 
     /// Marks step `index` started (before its call is sent).
-    pub(crate) fn step_started(&mut self, id: &str, index: usize) -> Result<(), OpsError> {
+    pub(crate) fn step_started(&self, id: &str, index: usize) -> Result<(), OpsError> {
         let now = now();
-        self.conn
+        self.conn()
             .execute(
                 "UPDATE steps SET state = 'running', started = ?3, finished = NULL, detail = NULL WHERE op_id = ?1 AND idx = ?2",
                 params![id, index, now],
@@ -228,7 +336,7 @@ impl Journal {
     /// (optionally) starts the next step: one commit between a leave's
     /// answer and the reset.
     pub(crate) fn step_ended(
-        &mut self,
+        &self,
         id: &str,
         index: usize,
         end: StepEnd<'_>,
@@ -236,8 +344,8 @@ impl Journal {
         start_next: Option<usize>,
     ) -> Result<(), OpsError> {
         let now = now();
-        let tx = self
-            .conn
+        let mut conn = self.conn();
+        let tx = conn
             .transaction()
             .map_err(|e| OpsError::journal(&self.path, e))?;
         tx.execute(
@@ -261,8 +369,8 @@ impl Journal {
     }
 
     /// Sets the operation's state.
-    pub(crate) fn set_state(&mut self, id: &str, state: OpState) -> Result<(), OpsError> {
-        self.conn
+    pub(crate) fn set_state(&self, id: &str, state: OpState) -> Result<(), OpsError> {
+        self.conn()
             .execute(
                 "UPDATE operations SET state = ?2, updated = ?3 WHERE id = ?1",
                 params![id, to_text(&state), now()],
@@ -272,7 +380,7 @@ impl Journal {
     }
 
     fn touch(&self, id: &str) -> Result<(), OpsError> {
-        self.conn
+        self.conn()
             .execute(
                 "UPDATE operations SET updated = ?2 WHERE id = ?1",
                 params![id, now()],
@@ -284,7 +392,7 @@ impl Journal {
     /// One operation with its steps; an id prefix is enough when unique.
     pub fn get(&self, id: &str) -> Result<OpRecord, OpsError> {
         let ids: Vec<String> = self
-            .conn
+            .conn()
             .prepare("SELECT id FROM operations WHERE id LIKE ?1 || '%'")
             .and_then(|mut s| {
                 s.query_map([id], |r| r.get(0))?
@@ -301,10 +409,10 @@ impl Journal {
     }
 
     fn load(&self, id: &str) -> Result<Option<OpRecord>, OpsError> {
-        let op = self
-            .conn
+        let conn = self.conn();
+        let op = conn
             .query_row(
-                "SELECT id, kind, context, ca_fingerprint, params, facts, state, created, updated FROM operations WHERE id = ?1",
+                "SELECT id, kind, context, ca_fingerprint, params, facts, state, created, updated, format FROM operations WHERE id = ?1",
                 [id],
                 |r| {
                     Ok(OpRecord {
@@ -317,6 +425,7 @@ impl Journal {
                         state: from_text(&r.get::<_, String>(6)?).unwrap_or(OpState::Failed),
                         created: r.get(7)?,
                         updated: r.get(8)?,
+                        format: r.get(9)?,
                         steps: Vec::new(),
                     })
                 },
@@ -324,10 +433,9 @@ impl Journal {
             .optional()
             .map_err(|e| self.err(e))?;
         let Some(mut op) = op else { return Ok(None) };
-        op.steps = self
-            .conn
+        op.steps = conn
             .prepare(
-                "SELECT idx, name, description, destructive, state, started, finished, duration_ms, detail FROM steps WHERE op_id = ?1 ORDER BY idx",
+                "SELECT idx, name, description, destructive, state, started, finished, duration_ms, detail, node, step FROM steps WHERE op_id = ?1 ORDER BY idx",
             )
             .and_then(|mut s| {
                 s.query_map([id], |r| {
@@ -341,6 +449,10 @@ impl Journal {
                         finished: r.get(6)?,
                         duration_ms: r.get::<_, Option<i64>>(7)?.map(|d| d as u64),
                         detail: r.get(8)?,
+                        node: r.get(9)?,
+                        step: r
+                            .get::<_, Option<String>>(10)?
+                            .and_then(|s| serde_json::from_str(&s).ok()),
                     })
                 })?
                 .collect::<Result<Vec<_>, _>>()
@@ -352,7 +464,7 @@ impl Journal {
     /// Every operation, newest first; optionally only one cluster's.
     pub fn list(&self, ca_fingerprint: Option<&str>) -> Result<Vec<OpRecord>, OpsError> {
         let ids: Vec<String> = self
-            .conn
+            .conn()
             .prepare(
                 "SELECT id FROM operations WHERE ?1 IS NULL OR ca_fingerprint = ?1 ORDER BY created DESC, id DESC",
             )
@@ -367,6 +479,24 @@ impl Journal {
     }
 }
 
+/// Brings a journal of format 1 to format 2 (once); refuses a journal of
+/// a later format than this version writes.
+fn upgrade(conn: &Connection, path: &Path) -> Result<(), OpsError> {
+    let version: u32 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| OpsError::journal(path, e))?;
+    match version {
+        0 | 1 => conn
+            .execute_batch(UPGRADE_TO_2)
+            .map_err(|e| OpsError::journal(path, e)),
+        FORMAT => Ok(()),
+        later => Err(OpsError::LaterFormat {
+            path: path.to_owned(),
+            format: later,
+        }),
+    }
+}
+
 /// How a step ended.
 pub(crate) struct StepEnd<'a> {
     pub state: StepState,
@@ -376,7 +506,49 @@ pub(crate) struct StepEnd<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::Journal;
+    use super::{FORMAT, Journal, OpState};
+    use crate::ops::OpsError;
+
+    /// A journal written by the previous format: its records stay listable,
+    /// and a record of that format is refused with what to do, never read
+    /// as a spec.
+    #[test]
+    fn a_journal_of_the_previous_format_is_upgraded_and_its_records_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = rusqlite::Connection::open(dir.path().join("journal.sqlite")).unwrap();
+        conn.execute_batch(super::SCHEMA).unwrap();
+        conn.execute_batch(
+            r#"INSERT INTO operations VALUES ('20250101T000000-abc', 'retire', 'c', 'fp',
+                 '{"node":"cp-1","wipe":["STATE"],"silence_timeout_s":120}',
+                 '{"address":"10.0.0.1","member_id":"00000000000000aa"}', 'running', 't', 't');
+               INSERT INTO steps (op_id, idx, name, description, destructive, state)
+                 VALUES ('20250101T000000-abc', 0, 'leave', 'leave', 1, 'running');"#,
+        )
+        .unwrap();
+        drop(conn);
+        let journal = Journal::open(dir.path()).unwrap();
+        let records = journal.list(None).unwrap();
+        assert_eq!(records.len(), 1);
+        let old = &records[0];
+        assert_eq!((old.format, old.state), (1, OpState::Running));
+        assert_eq!(old.steps[0].name, "leave");
+        let refused = old.spec().unwrap_err();
+        assert!(
+            matches!(refused, OpsError::EarlierFormat { format: 1, .. }),
+            "{refused:?}"
+        );
+        assert!(refused.to_string().contains("abandon it"), "{refused}");
+        assert!(old.typed_steps().is_err());
+        // Opening again changes nothing more.
+        drop(journal);
+        let again = Journal::open(dir.path()).unwrap();
+        assert_eq!(again.get("2025").unwrap().format, 1);
+        let version: u32 = again
+            .conn()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, FORMAT);
+    }
 
     /// Processes that open a new journal at the same moment (an `ops list`
     /// beside the operation that creates it) wait for each other instead of

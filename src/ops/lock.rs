@@ -2,6 +2,10 @@
 //! cluster (by CA fingerprint) under the state directory, held for the
 //! holder's lifetime. The kernel drops it when the holder exits, however it
 //! exits, so a killed process never blocks the next one.
+//!
+//! An operation takes it before its preflight and holds it through the
+//! confirmation and the run: a second operation on the cluster is refused
+//! at plan time, naming the holder (its operation id and process).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read as _, Seek as _, Write as _};
@@ -18,7 +22,8 @@ pub struct ClusterLock {
 
 impl ClusterLock {
     /// Takes the lock for the cluster with CA fingerprint `fingerprint` on
-    /// behalf of operation `op_id`, or fails with the holder's operation id.
+    /// behalf of operation `op_id` (of this process), or fails with the
+    /// holder: its operation id and process id.
     pub fn acquire(
         state_dir: &Path,
         fingerprint: &str,
@@ -49,15 +54,21 @@ impl ClusterLock {
             Err(TryLockError::WouldBlock) => {
                 let mut holder = String::new();
                 let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
                 return Err(OpsError::Busy {
-                    running: holder.trim().to_string(),
+                    holder: if holder.is_empty() {
+                        "an operation being set up".into()
+                    } else {
+                        holder.to_string()
+                    },
                 });
             }
             Err(TryLockError::Error(e)) => return Err(io(e)),
         }
         file.set_len(0).map_err(io)?;
         file.rewind().map_err(io)?;
-        file.write_all(op_id.as_bytes()).map_err(io)?;
+        let holder = format!("operation {op_id} (pid {})", std::process::id());
+        file.write_all(holder.as_bytes()).map_err(io)?;
         file.flush().map_err(io)?;
         Ok(ClusterLock { file, path })
     }

@@ -7,39 +7,127 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
-use super::apply::sha256_hex;
 use super::cluster::{ClusterView, member_address, names};
-use super::join::MaintenanceApply;
-use super::retire::check_quorum;
-use super::snapshot::pick_source;
-use super::{OpKind, Ops, OpsError, Outcome, Plan, PlannedStep, fact};
+use super::join::{JoinFacts, JoinOptions, JoinStep, MaintenanceApply};
+use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo};
+use super::policy::{check_removal, pick_source, unhealthy_voters};
+use super::retire::{PlannedMember, RetireFacts, RetireOptions, RetireStep, default_wipe};
+use super::spec::millis;
+use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
 
-/// Options of [`Ops::plan_migrate`].
-#[derive(Debug, Clone)]
+fn default_join_timeout() -> Duration {
+    JoinOptions::DEFAULT_TIMEOUT
+}
+
+fn default_silence_timeout() -> Duration {
+    RetireOptions::DEFAULT_SILENCE_TIMEOUT
+}
+
+/// Options of a migration ([`OpSpec::Migrate`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct MigrateOptions {
     /// The node to retire: hostname or address.
     pub from: String,
     /// The node that takes its place: hostname or address.
     pub to: String,
     /// A configuration to apply to NEW in maintenance mode first.
+    #[serde(default)]
     pub maintenance: Option<MaintenanceApply>,
     /// How long NEW may take to become a healthy voter.
+    #[serde(
+        default = "default_join_timeout",
+        with = "millis",
+        rename = "join_timeout_ms"
+    )]
     pub join_timeout: Duration,
-    /// Labels to wipe on OLD (default STATE and EPHEMERAL).
+    /// Labels to wipe on OLD.
+    #[serde(default = "default_wipe")]
     pub wipe: Vec<String>,
-    /// Where the verified snapshot goes.
-    pub snapshot_dir: PathBuf,
+    /// Where the verified snapshot goes (`None`: the operations layer's
+    /// snapshot directory).
+    #[serde(default)]
+    pub snapshot_dir: Option<PathBuf>,
     /// How long to wait for OLD to go silent.
+    #[serde(
+        default = "default_silence_timeout",
+        with = "millis",
+        rename = "silence_timeout_ms"
+    )]
     pub silence_timeout: Duration,
 }
 
-fn step(name: &str, description: String, destructive: bool) -> PlannedStep {
-    PlannedStep {
-        name: name.into(),
-        description,
-        destructive,
+impl MigrateOptions {
+    /// Migrate from `from` to `to` with the join's and the retire's
+    /// defaults.
+    pub fn new(from: impl Into<String>, to: impl Into<String>) -> MigrateOptions {
+        let retire = RetireOptions::new(from);
+        MigrateOptions {
+            from: retire.node,
+            to: to.into(),
+            maintenance: None,
+            join_timeout: JoinOptions::DEFAULT_TIMEOUT,
+            wipe: retire.wipe,
+            snapshot_dir: retire.snapshot_dir,
+            silence_timeout: retire.silence_timeout,
+        }
+    }
+}
+
+/// The steps of a migration: the join's, a fresh check, the retire's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MigrateStep {
+    /// A step of the join half.
+    Join(JoinStep),
+    /// The retire's checks again, with NEW voting.
+    CheckRetire,
+    /// A step of the retire half.
+    Retire(RetireStep),
+}
+
+impl StepInfo for MigrateStep {
+    fn name(&self) -> &'static str {
+        match self {
+            MigrateStep::Join(s) => s.name(),
+            MigrateStep::CheckRetire => "check-retire",
+            MigrateStep::Retire(s) => s.name(),
+        }
+    }
+
+    fn destructive(&self) -> bool {
+        match self {
+            MigrateStep::Join(s) => s.destructive(),
+            MigrateStep::CheckRetire => false,
+            MigrateStep::Retire(s) => s.destructive(),
+        }
+    }
+}
+
+/// A migration's facts: its join half's and its retire half's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct MigrateFacts {
+    /// The join half.
+    #[serde(flatten)]
+    pub join: JoinFacts,
+    /// The retire half.
+    #[serde(flatten)]
+    pub retire: RetireFacts,
+}
+
+impl MigrateStep {
+    fn describe(self, f: &MigrateFacts) -> String {
+        match self {
+            MigrateStep::Join(s) => s.describe(&f.join),
+            MigrateStep::CheckRetire => format!(
+                "the retire's checks on {} with {} voting: quorum after removal, no learner, lists agree",
+                f.retire.address, f.join.node
+            ),
+            MigrateStep::Retire(s) => s.describe(&f.retire),
+        }
     }
 }
 
@@ -49,62 +137,61 @@ impl Ops {
     /// be a learner already joining), every voter must be healthy and the
     /// lists agree. The quorum checks of the retire run again once NEW is
     /// a voter, before anything touches OLD.
-    pub async fn plan_migrate(&self, options: &MigrateOptions) -> Result<Plan, OpsError> {
+    pub(super) async fn plan_migrate(&self, options: &MigrateOptions) -> Result<Plan, OpsError> {
         let view = ClusterView::read(&self.client).await?;
-        let refuse = |reason: String| Err(OpsError::Refused(reason));
-        let Some(old) = view.find(&options.from) else {
-            return refuse(format!(
-                "{} is not an etcd member (members: {})",
-                options.from,
-                names(&view.members).join(", ")
-            ));
+        let (to, from) = (&options.to, &options.from);
+        let Some(old) = view.find(from) else {
+            return Err(Refusal::NotMember {
+                node: from.clone(),
+                members: names(&view.members),
+            }
+            .into());
         };
         if old.is_learner {
-            return refuse(format!("{} is a learner, not a voter", options.from));
+            return Err(Refusal::Learner { node: from.clone() }.into());
         }
-        if view.find(&options.to).is_some_and(|m| !m.is_learner) {
-            return refuse(format!(
-                "{} is already a voting member: retire {} with `ops retire`",
-                options.to, options.from
-            ));
+        if view.find(to).is_some_and(|m| !m.is_learner) {
+            return Err(Refusal::AlreadyVoter {
+                node: to.clone(),
+                old: from.clone(),
+            }
+            .into());
         }
-        let address = member_address(old).unwrap_or_else(|| options.from.clone());
-        self.refuse_only_endpoint(&options.from, &address)?;
+        let address = member_address(old).unwrap_or_else(|| from.clone());
+        self.refuse_only_endpoint(from, &address)?;
         if !view.disagreements.is_empty() {
-            return refuse(format!(
-                "the members' lists disagree: {}",
-                view.disagreements.join("; ")
-            ));
+            return Err(Refusal::ListsDisagree {
+                details: view.disagreements.clone(),
+            }
+            .into());
         }
-        let unhealthy: Vec<String> = view
-            .voters()
-            .filter(|m| !view.healthy(m.id))
-            .map(|m| format!("{} ({})", m.hostname, view.unhealthy_reason(m.id)))
-            .collect();
+        let unhealthy = unhealthy_voters(&view, None);
         if !unhealthy.is_empty() {
-            return refuse(format!("voters are unhealthy: {}", unhealthy.join(", ")));
+            return Err(Refusal::UnhealthyVoters { voters: unhealthy }.into());
         }
-        let wipe = if options.wipe.is_empty() {
-            vec!["STATE".to_string(), "EPHEMERAL".to_string()]
-        } else {
-            options.wipe.clone()
+        let join = self
+            .join_facts(
+                &view,
+                to,
+                options.join_timeout,
+                options.maintenance.as_ref(),
+            )
+            .await?;
+        let retire = RetireFacts {
+            address,
+            member: Some(PlannedMember {
+                member_id: old.id,
+                hostname: old.hostname.clone(),
+            }),
+            leads: None,
+            source: None,
+            wipe: options.wipe.clone(),
+            snapshot_dir: self.snapshot_dir(options.snapshot_dir.as_ref()),
+            silence_timeout: options.silence_timeout,
+            snapshot: None,
+            leave_to_reset_gap_ms: None,
         };
-        let mut params = json!({
-            "node": options.to,
-            "from": options.from,
-            "timeout_s": options.join_timeout.as_secs(),
-            "wipe": wipe,
-            "snapshot_dir": options.snapshot_dir,
-            "silence_timeout_s": options.silence_timeout.as_secs(),
-        });
-        let mut steps = Vec::new();
-        if let Some(m) = &options.maintenance {
-            steps.push(self.preflight_maintenance(&view, &options.to, m).await?);
-            params["config_path"] = json!(m.config_path);
-            params["config_sha256"] = json!(sha256_hex(&m.config));
-            params["cert_fingerprints"] = json!(m.cert_fingerprints);
-        }
-        let (to, from) = (&options.to, &options.from);
+        let facts = MigrateFacts { join, retire };
         let between = view.members.len() + usize::from(view.find(to).is_none());
         let mut notes = vec![format!(
             "between the join and the retire the cluster has {between} members{}",
@@ -120,110 +207,72 @@ impl Ops {
         if old.hostname != *from {
             notes.push(format!("{from} is member {} ({})", old.id, old.hostname));
         }
-        steps.extend([
-            step(
-                "wait-voter",
-                format!(
-                    "wait up to {} s until {to} is a voting member and every member is healthy",
-                    options.join_timeout.as_secs()
-                ),
-                false,
-            ),
-            step(
-                "check-retire",
-                format!("the retire's checks on {from} with {to} voting: quorum after removal, no learner, lists agree"),
-                false,
-            ),
-            step(
-                "snapshot",
-                format!(
-                    "verified snapshot from a surviving voter into {}",
-                    options.snapshot_dir.display()
-                ),
-                false,
-            ),
-            step(
-                "forfeit",
-                format!("if {from} leads, hand leadership over and wait for a new leader"),
-                true,
-            ),
-            step("leave", format!("EtcdLeaveCluster on {from} ({address})"), true),
-            step(
-                "reset",
-                format!(
-                    "reset {address} at once: wipe {}, no reboot, not graceful",
-                    wipe.join(", ")
-                ),
-                true,
-            ),
-            step(
-                "confirm",
-                "a survivor no longer lists the member and every remaining member is healthy"
-                    .into(),
-                false,
-            ),
-            step(
-                "wait-silent",
-                format!("wait until {address}'s API stops answering"),
-                false,
-            ),
-        ]);
-        let mut facts = serde_json::Map::new();
-        facts.insert("node".into(), json!(options.to));
-        facts.insert("address".into(), json!(address));
-        facts.insert("member_id".into(), json!(old.id.to_string()));
-        Ok(Plan {
-            kind: OpKind::Migrate,
-            params,
+        let steps = facts
+            .join
+            .steps()
+            .into_iter()
+            .map(MigrateStep::Join)
+            .chain([MigrateStep::CheckRetire])
+            .chain(facts.retire.steps().into_iter().map(MigrateStep::Retire))
+            .map(|s| PlannedStep::new(Step::Migrate(s), s.describe(&facts)))
+            .collect();
+        Ok(Plan::new(
+            OpSpec::Migrate(options.clone()),
             steps,
             notes,
-            facts,
-        })
+            Facts::Migrate(facts),
+            &view.basis(),
+        ))
     }
 
     pub(super) async fn migrate_step(
         &mut self,
-        step: &str,
-        facts: &mut serde_json::Map<String, serde_json::Value>,
+        step: MigrateStep,
+        facts: &mut MigrateFacts,
     ) -> Result<Outcome, OpsError> {
         match step {
-            "apply-config" | "wait-voter" => self.join_step(step, facts).await,
-            "check-retire" => self.check_retire(facts).await,
-            _ => self.retire_step(step, facts).await,
+            MigrateStep::Join(s) => self.join_step(s, &mut facts.join).await,
+            MigrateStep::CheckRetire => self.check_retire(&mut facts.retire).await,
+            MigrateStep::Retire(s) => self.retire_step(s, &mut facts.retire).await,
         }
     }
 
-    /// The retire's preflight, now that NEW votes; records the snapshot
-    /// source for the steps that follow.
-    async fn check_retire(
-        &self,
-        facts: &mut serde_json::Map<String, serde_json::Value>,
-    ) -> Result<Outcome, OpsError> {
-        let from = facts
-            .get("params")
-            .and_then(|p| p["from"].as_str())
-            .unwrap_or_default()
-            .to_string();
+    pub(super) async fn reconcile_migrate(
+        &mut self,
+        step: MigrateStep,
+        facts: &MigrateFacts,
+    ) -> Result<Option<Outcome>, OpsError> {
+        match step {
+            MigrateStep::Join(s) => self.reconcile_join(s, &facts.join).await,
+            MigrateStep::CheckRetire => Ok(None),
+            MigrateStep::Retire(s) => self.reconcile_retire(s, &facts.retire).await,
+        }
+    }
+
+    /// The retire's preflight, now that NEW votes: the same member, the
+    /// quorum rules; records the snapshot source for the steps that follow.
+    async fn check_retire(&self, facts: &mut RetireFacts) -> Result<Outcome, OpsError> {
+        let planned = super::plan::need(&facts.member, "member")?.clone();
         let view = ClusterView::read(&self.client).await?;
-        let old = view.find(&from).ok_or_else(|| {
-            OpsError::step(
-                "check-retire",
-                format!("{from} is no longer an etcd member"),
-            )
-        })?;
-        if old.id.to_string() != fact(facts, "member_id") {
+        let Some(old) = view.find_id_member(planned.member_id) else {
             return Err(OpsError::step(
                 "check-retire",
-                format!("{from} is now member {}, not the one planned", old.id),
+                format!(
+                    "{} (member {}) is no longer an etcd member",
+                    planned.hostname, planned.member_id
+                ),
             ));
-        }
-        check_quorum(&view, old.id, &old.hostname)
+        };
+        check_removal(&view, old.id, &old.hostname)
             .map_err(|e| OpsError::step("check-retire", e))?;
-        let (source, source_address) = pick_source(&view, Some(old.id))?;
-        facts.insert("source".into(), json!(source_address));
-        Ok(Outcome::done(format!(
-            "{} voters; the snapshot comes from {source}",
-            view.voters().count()
-        )))
+        let source = pick_source(&view, Some(old.id))?;
+        let detail = format!(
+            "{} voters; the snapshot comes from {}",
+            view.voters().count(),
+            source.name
+        );
+        facts.leads = Some(view.leader() == Some(old.id));
+        facts.source = Some(source);
+        Ok(Outcome::done(detail))
     }
 }

@@ -1,24 +1,32 @@
 //! Safe composite operations: the seeds' runbooks as plain library code,
-//! run by `talosctl-rs ops` and usable by any program that links the crate
-//! (feature `ops`).
+//! run by `talosctl-rs ops` and the talos-opsd daemon, and usable by any
+//! program that links the crate (feature `ops`).
 //!
-//! Every operation reads the cluster first (preflight), builds a [`Plan`]
-//! of named steps that can be shown before anything changes, then runs it
-//! step by step through the [`Journal`]: a destructive step is recorded as
-//! started before its call is sent, so after a crash [`Ops::show`] names
-//! the step in flight and [`Ops::resume`] reconciles it with the cluster
-//! before going on. One operation runs per cluster at a time
-//! ([`ClusterLock`]).
+//! An operation is a typed value, an [`OpSpec`]: one variant per operation
+//! with its options type. [`Ops::plan`] takes the cluster's lock, reads the
+//! cluster (preflight) and builds a [`Plan`] of typed steps with the facts
+//! they start from, or refuses with a typed [`Refusal`]; nothing has
+//! changed yet, and the lock stays held by the plan through a confirmation
+//! until [`Ops::run`] ends. The run goes step by step through the
+//! [`Journal`], which stores the spec as the operation's parameters: a
+//! destructive step is recorded as started before its call is sent, so
+//! after a crash [`Ops::show`] names the step in flight and [`Ops::resume`]
+//! reconciles it with the cluster before going on.
 //!
-//! - [`Ops::plan_snapshot`]: a verified snapshot from a healthy voter, with
+//! - [`OpSpec::Snapshot`]: a verified snapshot from a healthy voter, with
 //!   retention;
-//! - [`Ops::plan_retire`]: snapshot, forfeit, leave, reset at once, wait
+//! - [`OpSpec::Retire`]: snapshot, forfeit, leave, reset at once, wait
 //!   until the node is silent;
-//! - [`Ops::plan_join`]: wait until a new member is a healthy voter;
-//! - [`Ops::plan_apply`]: a configuration on trial (TRY), a health gate
+//! - [`OpSpec::Join`]: wait until a new member is a healthy voter;
+//! - [`OpSpec::Apply`]: a configuration on trial (TRY), a health gate
 //!   within the try window, then confirmation or a verified rollback;
-//! - [`Ops::plan_migrate`]: join a new node (from maintenance mode), then
-//!   retire an old one, as one operation.
+//! - [`OpSpec::Migrate`]: join a new node (from maintenance mode), then
+//!   retire an old one, as one operation: the join's steps, a fresh check,
+//!   the retire's steps.
+//!
+//! A new operation is one file here (its options, step enum, facts, plan
+//! and steps), one [`OpSpec`] variant (with its [`Step`] and [`Facts`]
+//! variants and its arm in the engine's dispatch).
 //!
 //! A [`StopHandle`] given to [`Ops::set_stop`] parks a running operation at
 //! its next step boundary (resumable) or cancels it before any destructive
@@ -28,36 +36,46 @@ mod apply;
 mod apply_steps;
 mod cluster;
 mod config_diff;
+mod engine;
 mod guard;
 mod join;
 mod journal;
 mod lock;
 mod migrate;
+pub(crate) mod plan;
+mod policy;
+mod refusal;
 mod retire;
 mod snapshot;
+mod spec;
 mod stop;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
-use serde::Serialize;
 use sha2::Digest as _;
 
 use crate::Client;
 use crate::config::ResolvedContext;
 
-pub use apply::ApplyOptions;
+pub use apply::{ApplyFacts, ApplyPhase, ApplyStep};
 pub use config_diff::ConfigParseError;
 pub use guard::check_plain_reset;
-pub use join::{JoinOptions, MaintenanceApply};
+pub use join::{JoinFacts, JoinStep, PlannedMaintenance};
 pub use journal::{Journal, OpRecord, OpState, StepRecord, StepState};
 pub use lock::ClusterLock;
-pub use migrate::MigrateOptions;
-pub use retire::RetireOptions;
-pub use snapshot::SnapshotOptions;
+pub use migrate::{MigrateFacts, MigrateStep};
+pub use plan::{Facts, Plan, PlannedStep, Step};
+pub use policy::Source;
+pub use refusal::Refusal;
+pub use retire::{PlannedMember, RetireFacts, RetireStep};
+pub use snapshot::{SnapshotFacts, SnapshotStep};
+pub use spec::{
+    ApplyOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpKind, OpSpec, RetireOptions,
+    SnapshotOptions,
+};
 pub use stop::{CancelRefused, StopHandle};
-
-use journal::StepEnd;
 
 /// Why an operation was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,16 +84,16 @@ pub enum OpsError {
     /// The preflight found the cluster unfit for the operation; nothing was
     /// changed.
     #[error("refused: {0}")]
-    Refused(String),
+    Refused(#[from] Refusal),
     /// Another operation holds this cluster.
-    #[error("another operation is running on this cluster: {running}")]
+    #[error("another operation holds this cluster: {holder}")]
     Busy {
-        /// Its id.
-        running: String,
+        /// Its operation id and process.
+        holder: String,
     },
     /// An earlier operation on this cluster was interrupted.
     #[error(
-        "operation {id} on this cluster was interrupted at step {step:?}: run `ops resume {id}` or `ops abandon {id}` first"
+        "operation {id} on this cluster was interrupted at step {step:?}: resume or abandon it first"
     )]
     Interrupted {
         /// Its id.
@@ -109,6 +127,9 @@ pub enum OpsError {
         /// Why.
         reason: String,
     },
+    /// A step needs a fact its operation's record does not hold.
+    #[error("the operation's facts lack {0:?}, which this step needs: abandon the operation")]
+    MissingFact(String),
     /// No operation has this id.
     #[error("no operation {0:?} in the journal")]
     UnknownOperation(String),
@@ -122,6 +143,38 @@ pub enum OpsError {
         id: String,
         /// Its state.
         state: OpState,
+        /// Why.
+        reason: String,
+    },
+    /// The operation was journaled in an earlier format, which this version
+    /// does not run.
+    #[error(
+        "operation {id} was journaled by an earlier version (journal format {format}), whose parameters and steps this version does not read: finish it with that version, or abandon it"
+    )]
+    EarlierFormat {
+        /// Its id.
+        id: String,
+        /// Its format.
+        format: u32,
+    },
+    /// The journal was written by a later version.
+    #[error(
+        "journal {} has format {format}, newer than this version's: use the version that wrote it, or another state directory",
+        .path.display()
+    )]
+    LaterFormat {
+        /// The database file.
+        path: PathBuf,
+        /// Its format.
+        format: u32,
+    },
+    /// A part of an operation's record does not read as its type.
+    #[error("operation {id}: its {what} cannot be read ({reason}): abandon it")]
+    Unreadable {
+        /// Its id.
+        id: String,
+        /// Which part.
+        what: String,
         /// Why.
         reason: String,
     },
@@ -173,67 +226,13 @@ impl OpsError {
             reason: reason.to_string(),
         }
     }
-}
 
-/// The kinds of operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OpKind {
-    /// A verified snapshot with retention.
-    Snapshot,
-    /// Retire a control-plane node.
-    Retire,
-    /// Wait for a new member to become a healthy voter.
-    Join,
-    /// Apply a configuration on trial, gate it on health, then confirm.
-    Apply,
-    /// Join a new node, then retire an old one.
-    Migrate,
-}
-
-impl OpKind {
-    fn name(self) -> &'static str {
+    /// The refusal, when this is one.
+    pub fn refusal(&self) -> Option<&Refusal> {
         match self {
-            OpKind::Snapshot => "snapshot",
-            OpKind::Retire => "retire",
-            OpKind::Join => "join",
-            OpKind::Apply => "apply",
-            OpKind::Migrate => "migrate",
+            OpsError::Refused(r) => Some(r),
+            _ => None,
         }
-    }
-}
-
-/// One planned step.
-#[derive(Debug, Clone, Serialize)]
-pub struct PlannedStep {
-    /// Its name.
-    pub name: String,
-    /// What it will do, in the cluster's terms.
-    pub description: String,
-    /// Whether it changes the cluster.
-    pub destructive: bool,
-}
-
-/// What an operation will do, from its preflight; nothing has changed yet.
-#[derive(Debug, Clone, Serialize)]
-pub struct Plan {
-    /// The kind.
-    pub kind: OpKind,
-    /// Its parameters, as journaled.
-    pub params: serde_json::Value,
-    /// The steps, in order.
-    pub steps: Vec<PlannedStep>,
-    /// What the preflight found worth saying (e.g. an even member count).
-    pub notes: Vec<String>,
-    /// Facts the steps start from (node addresses, member ids).
-    #[serde(skip)]
-    facts: serde_json::Map<String, serde_json::Value>,
-}
-
-impl Plan {
-    /// Whether any step changes the cluster (a confirmation is due).
-    pub fn is_destructive(&self) -> bool {
-        self.steps.iter().any(|s| s.destructive)
     }
 }
 
@@ -252,6 +251,8 @@ pub enum Event<'a> {
         index: usize,
         /// Its name.
         name: &'a str,
+        /// The node it acts on, when the operation has several.
+        node: Option<&'a str>,
         /// Whether it changes the cluster.
         destructive: bool,
     },
@@ -261,6 +262,8 @@ pub enum Event<'a> {
         index: usize,
         /// Its name.
         name: &'a str,
+        /// The node it acts on, when the operation has several.
+        node: Option<&'a str>,
     },
     /// A step ended.
     StepEnded {
@@ -268,6 +271,8 @@ pub enum Event<'a> {
         index: usize,
         /// Its name.
         name: &'a str,
+        /// The node it acts on, when the operation has several.
+        node: Option<&'a str>,
         /// How.
         state: StepState,
         /// How long it took.
@@ -300,7 +305,8 @@ impl Outcome {
 }
 
 /// The operations layer for one cluster: a client, its identity and the
-/// journal in a state directory.
+/// journal in a state directory. `Sync`, so its futures are `Send` and a
+/// daemon runs each operation as a task.
 pub struct Ops {
     client: Client,
     context: String,
@@ -308,24 +314,19 @@ pub struct Ops {
     fingerprint: String,
     state_dir: PathBuf,
     journal: Journal,
+    /// Where snapshots go and how many are kept unless a spec says.
+    snapshot_dir: PathBuf,
+    snapshot_keep: usize,
     /// When the leave of a retire was answered (for the gap to the reset).
     leave_answered: Option<Instant>,
     /// Park or cancel requests from outside, checked at step boundaries.
     stop: StopHandle,
 }
 
-/// The default state directory: `$XDG_STATE_HOME/talosctl-rs`, else
-/// `~/.local/state/talosctl-rs`.
-pub fn default_state_dir() -> Option<PathBuf> {
-    match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
-        Some(dir) => Some(PathBuf::from(dir).join("talosctl-rs")),
-        None => std::env::home_dir().map(|h| h.join(".local/state/talosctl-rs")),
-    }
-}
-
 impl Ops {
     /// The operations layer for the cluster of `context`, journaled in
-    /// `state_dir`.
+    /// `state_dir` (snapshots into `STATE_DIR/snapshots`, all kept, unless
+    /// [`Ops::set_snapshot_defaults`] says otherwise).
     pub fn open(
         context: &ResolvedContext,
         client: Client,
@@ -342,9 +343,22 @@ impl Ops {
             fingerprint,
             state_dir: state_dir.to_owned(),
             journal: Journal::open(state_dir)?,
+            snapshot_dir: state_dir.join("snapshots"),
+            snapshot_keep: 0,
             leave_answered: None,
             stop: StopHandle::new(),
         })
+    }
+
+    /// Where snapshots go and how many are kept (0: all) when a spec does
+    /// not say.
+    pub fn set_snapshot_defaults(&mut self, dir: PathBuf, keep: usize) {
+        self.snapshot_dir = dir;
+        self.snapshot_keep = keep;
+    }
+
+    fn snapshot_dir(&self, dir: Option<&PathBuf>) -> PathBuf {
+        dir.cloned().unwrap_or_else(|| self.snapshot_dir.clone())
     }
 
     /// Lets `stop` park or cancel the next [`Ops::run`] or [`Ops::resume`]
@@ -356,16 +370,6 @@ impl Ops {
     /// sha256 of this cluster's CA certificate (hex), as journaled.
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
-    }
-
-    /// Marks an interrupted operation as needing a person: it is neither
-    /// resumed nor ended, and blocks the cluster until resumed or abandoned.
-    pub fn mark_needs_attention(&mut self, id: &str) -> Result<OpRecord, OpsError> {
-        let record = self.resumable(id)?;
-        let _lock = ClusterLock::acquire(&self.state_dir, &self.fingerprint, &record.id)?;
-        self.journal
-            .set_state(&record.id, OpState::NeedsAttention)?;
-        self.journal.get(&record.id)
     }
 
     /// The journal.
@@ -383,72 +387,44 @@ impl Ops {
         self.journal.get(id)
     }
 
-    /// Runs `plan`, reporting progress to `observe`. Takes the cluster
-    /// lock; refuses while another operation runs or an interrupted one
-    /// awaits `resume` or `abandon`.
-    pub async fn run(
-        &mut self,
-        plan: Plan,
-        observe: &mut (dyn FnMut(Event<'_>) + Send),
-    ) -> Result<OpRecord, OpsError> {
+    fn lock(&self, id: &str) -> Result<ClusterLock, OpsError> {
+        ClusterLock::acquire(&self.state_dir, &self.fingerprint, id)
+    }
+
+    /// Takes the cluster's lock, refuses while an interrupted operation
+    /// awaits `resume` or `abandon`, and plans `spec` from a fresh read of
+    /// the cluster. The plan holds the lock until it is run or dropped.
+    pub async fn plan(&self, spec: &OpSpec) -> Result<Plan, OpsError> {
         let id = new_id();
-        let _lock = ClusterLock::acquire(&self.state_dir, &self.fingerprint, &id)?;
+        let lock = self.lock(&id)?;
         self.refuse_if_interrupted()?;
-        let now = journal::now();
-        let record = OpRecord {
-            id: id.clone(),
-            kind: plan.kind.name().into(),
-            context: self.context.clone(),
-            ca_fingerprint: self.fingerprint.clone(),
-            params: plan.params.clone(),
-            facts: {
-                let mut facts = plan.facts.clone();
-                facts.insert("params".into(), plan.params.clone());
-                serde_json::Value::Object(facts)
-            },
-            state: OpState::Running,
-            created: now.clone(),
-            updated: now,
-            steps: plan
-                .steps
-                .iter()
-                .enumerate()
-                .map(|(index, s)| StepRecord {
-                    index,
-                    name: s.name.clone(),
-                    description: s.description.clone(),
-                    destructive: s.destructive,
-                    state: StepState::Pending,
-                    started: None,
-                    finished: None,
-                    duration_ms: None,
-                    detail: None,
-                })
-                .collect(),
+        let mut plan = match spec {
+            OpSpec::Snapshot(o) => self.plan_snapshot(o).await?,
+            OpSpec::Retire(o) => self.plan_retire(o).await?,
+            OpSpec::Join(o) => self.plan_join(o).await?,
+            OpSpec::Migrate(o) => self.plan_migrate(o).await?,
+            OpSpec::Apply(o) => self.plan_apply(o).await?,
         };
-        self.journal.create(&record)?;
-        observe(Event::Started { id: &id });
-        self.drive(record, false, observe).await
+        plan.id = id;
+        plan.lock = Some(Arc::new(lock));
+        Ok(plan)
     }
 
-    /// Continues an interrupted operation: the step that was in flight is
-    /// first reconciled with the cluster (done, or sent again), then the
-    /// remaining steps run.
-    pub async fn resume(
-        &mut self,
-        id: &str,
-        observe: &mut (dyn FnMut(Event<'_>) + Send),
-    ) -> Result<OpRecord, OpsError> {
+    /// Marks an interrupted operation as needing a person: it is neither
+    /// resumed nor ended, and blocks the cluster until resumed or abandoned.
+    pub fn mark_needs_attention(&mut self, id: &str) -> Result<OpRecord, OpsError> {
         let record = self.resumable(id)?;
-        let _lock = ClusterLock::acquire(&self.state_dir, &self.fingerprint, &record.id)?;
-        observe(Event::Started { id: &record.id });
-        self.drive(record, true, observe).await
+        let _lock = self.lock(&record.id)?;
+        self.journal
+            .set_state(&record.id, OpState::NeedsAttention)?;
+        self.journal.get(&record.id)
     }
 
-    /// Ends an interrupted or failed operation without further action.
+    /// Ends an interrupted or failed operation without further action (an
+    /// operation of an earlier journal format too).
     pub fn abandon(&mut self, id: &str) -> Result<OpRecord, OpsError> {
         let record = self.resumable(id)?;
-        let _lock = ClusterLock::acquire(&self.state_dir, &self.fingerprint, &record.id)?;
+        let _lock = self.lock(&record.id)?;
         self.journal.set_state(&record.id, OpState::Abandoned)?;
         self.journal.get(&record.id)
     }
@@ -487,194 +463,12 @@ impl Ops {
                 let step = op
                     .in_flight()
                     .or_else(|| op.steps.iter().find(|s| s.state == StepState::Pending))
-                    .map(|s| s.name.clone())
+                    .map(|s| s.label())
                     .unwrap_or_default();
                 Err(OpsError::Interrupted { id: op.id, step })
             }
             None => Ok(()),
         }
-    }
-
-    async fn drive(
-        &mut self,
-        record: OpRecord,
-        resuming: bool,
-        observe: &mut (dyn FnMut(Event<'_>) + Send),
-    ) -> Result<OpRecord, OpsError> {
-        let id = record.id.clone();
-        if resuming {
-            self.journal.set_state(&id, OpState::Running)?;
-        }
-        let mut facts = match record.facts.clone() {
-            serde_json::Value::Object(map) => map,
-            _ => serde_json::Map::new(),
-        };
-        let kind = record.kind.clone();
-        let steps = record.steps.clone();
-        let mut started_with_previous = false;
-        if steps
-            .iter()
-            .any(|s| s.destructive && s.state != StepState::Pending)
-        {
-            self.stop.enter_destructive();
-        }
-        for (index, step) in steps.iter().enumerate() {
-            if matches!(step.state, StepState::Done | StepState::Skipped) {
-                continue;
-            }
-            let started = Instant::now();
-            // A running step is one in flight when the process died (on
-            // resume) or one started in the same commit as the previous
-            // step's end.
-            let in_flight = step.state == StepState::Running;
-            if !in_flight && !started_with_previous {
-                self.stop_at_boundary(&id, step)?;
-                self.journal.step_started(&id, index)?;
-            }
-            observe(Event::StepStarted {
-                index,
-                name: &step.name,
-                destructive: step.destructive,
-            });
-            let result = if in_flight && resuming {
-                if let Some(started) = &step.started {
-                    facts.insert("in_flight_started".into(), started.clone().into());
-                }
-                self.reconcile(&kind, &step.name, &mut facts).await
-            } else {
-                self.execute(&kind, &step.name, &mut facts).await
-            };
-            observe(Event::StepAnswered {
-                index,
-                name: &step.name,
-            });
-            let duration_ms = started.elapsed().as_millis() as u64;
-            let facts_value = serde_json::Value::Object(facts.clone());
-            match result {
-                Ok(outcome) => {
-                    // A destructive next step is journaled as started in the
-                    // same commit, so nothing slow sits between the two.
-                    // A park or cancel stops before it, unless this step
-                    // was destructive too (a sequence runs to its end).
-                    let next = steps
-                        .get(index + 1)
-                        .filter(|s| s.destructive)
-                        .filter(|_| step.destructive || !self.stop.is_stopping())
-                        .filter(|_| self.stop.enter_destructive())
-                        .map(|_| index + 1);
-                    self.journal.step_ended(
-                        &id,
-                        index,
-                        StepEnd {
-                            state: outcome.state,
-                            duration_ms,
-                            detail: Some(&outcome.detail),
-                        },
-                        &facts_value,
-                        next,
-                    )?;
-                    observe(Event::StepEnded {
-                        index,
-                        name: &step.name,
-                        state: outcome.state,
-                        duration_ms,
-                        detail: &outcome.detail,
-                    });
-                    started_with_previous = next.is_some();
-                }
-                Err(error) => {
-                    let detail = error.to_string();
-                    self.journal.step_ended(
-                        &id,
-                        index,
-                        StepEnd {
-                            state: StepState::Failed,
-                            duration_ms,
-                            detail: Some(&detail),
-                        },
-                        &facts_value,
-                        None,
-                    )?;
-                    self.journal.set_state(&id, OpState::Failed)?;
-                    observe(Event::StepEnded {
-                        index,
-                        name: &step.name,
-                        state: StepState::Failed,
-                        duration_ms,
-                        detail: &detail,
-                    });
-                    return Err(match error {
-                        e @ OpsError::StepFailed { .. } => e,
-                        other => OpsError::step(&step.name, other),
-                    });
-                }
-            }
-        }
-        self.journal.set_state(&id, OpState::Succeeded)?;
-        self.journal.get(&id)
-    }
-
-    /// At a step boundary: ends the run as cancelled or parked when asked.
-    fn stop_at_boundary(&mut self, id: &str, step: &StepRecord) -> Result<(), OpsError> {
-        let stopped = match self.stop.at_boundary() {
-            None if !step.destructive || self.stop.enter_destructive() => return Ok(()),
-            None | Some(true) => {
-                self.journal.set_state(id, OpState::Cancelled)?;
-                OpsError::Cancelled {
-                    id: id.into(),
-                    step: step.name.clone(),
-                }
-            }
-            Some(false) => OpsError::Parked {
-                id: id.into(),
-                step: step.name.clone(),
-            },
-        };
-        Err(stopped)
-    }
-
-    async fn execute(
-        &mut self,
-        kind: &str,
-        step: &str,
-        facts: &mut serde_json::Map<String, serde_json::Value>,
-    ) -> Result<Outcome, OpsError> {
-        match kind {
-            "snapshot" => self.snapshot_step(step, facts).await,
-            "retire" => self.retire_step(step, facts).await,
-            "join" => self.join_step(step, facts).await,
-            "apply" => self.apply_step(step, facts).await,
-            "migrate" => self.migrate_step(step, facts).await,
-            other => Err(OpsError::step(
-                step,
-                format!("unknown operation kind {other:?}"),
-            )),
-        }
-    }
-
-    async fn reconcile(
-        &mut self,
-        kind: &str,
-        step: &str,
-        facts: &mut serde_json::Map<String, serde_json::Value>,
-    ) -> Result<Outcome, OpsError> {
-        if (kind == "retire" || kind == "migrate")
-            && let Some(outcome) = self.reconcile_retire(step, facts).await?
-        {
-            return Ok(outcome);
-        }
-        if kind == "apply"
-            && let Some(outcome) = self.reconcile_apply(step, facts).await?
-        {
-            return Ok(outcome);
-        }
-        if step == "apply-config"
-            && let Some(outcome) = self.reconcile_maintenance_apply(facts).await?
-        {
-            return Ok(outcome);
-        }
-        // Everything else is safe to do again.
-        self.execute(kind, step, facts).await
     }
 }
 
@@ -708,8 +502,4 @@ fn compact_utc(t: time::OffsetDateTime, millis: bool) -> String {
     } else {
         base
     }
-}
-
-fn fact<'a>(facts: &'a serde_json::Map<String, serde_json::Value>, key: &str) -> &'a str {
-    facts.get(key).and_then(|v| v.as_str()).unwrap_or_default()
 }

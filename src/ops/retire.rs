@@ -11,28 +11,201 @@
 //! therefore comes after the reset; the leave's answer already means the
 //! member was removed (upstream removes it before stopping etcd).
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
-use super::cluster::{ClusterView, member_address, names, quorum};
-use super::snapshot::pick_source;
-use super::{OpKind, Ops, OpsError, Outcome, Plan, PlannedStep, fact};
+use super::cluster::{ClusterView, member_address, names};
+use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
+use super::policy::{Source, check_removal, pick_source, unhealthy_voters};
+use super::spec::millis;
+use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
 use crate::client::{MemberId, ResetRequest, WipeMode};
 
-/// Options of [`Ops::plan_retire`].
-#[derive(Debug, Clone)]
+/// The labels a retire wipes unless told otherwise: the node's
+/// configuration and its ephemeral data (etcd's among them).
+pub(crate) fn default_wipe() -> Vec<String> {
+    vec!["STATE".to_string(), "EPHEMERAL".to_string()]
+}
+
+fn default_silence_timeout() -> Duration {
+    RetireOptions::DEFAULT_SILENCE_TIMEOUT
+}
+
+/// Options of a retire ([`OpSpec::Retire`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RetireOptions {
     /// The node to retire: hostname or address.
     pub node: String,
-    /// Labels to wipe (default STATE and EPHEMERAL).
+    /// Labels to wipe.
+    #[serde(default = "default_wipe")]
     pub wipe: Vec<String>,
     /// The node already left etcd: only reset it.
+    #[serde(default)]
     pub already_left: bool,
-    /// Where the verified snapshot goes.
-    pub snapshot_dir: std::path::PathBuf,
+    /// Where the verified snapshot goes (`None`: the operations layer's
+    /// snapshot directory).
+    #[serde(default)]
+    pub snapshot_dir: Option<PathBuf>,
     /// How long to wait for the node to go silent.
+    #[serde(
+        default = "default_silence_timeout",
+        with = "millis",
+        rename = "silence_timeout_ms"
+    )]
     pub silence_timeout: Duration,
+}
+
+impl RetireOptions {
+    /// How long a retired node may take to go silent, by default.
+    pub const DEFAULT_SILENCE_TIMEOUT: Duration = Duration::from_secs(120);
+
+    /// Retire `node` with the defaults: wipe STATE and EPHEMERAL, the
+    /// default snapshot directory and silence timeout.
+    pub fn new(node: impl Into<String>) -> RetireOptions {
+        RetireOptions {
+            node: node.into(),
+            wipe: default_wipe(),
+            already_left: false,
+            snapshot_dir: None,
+            silence_timeout: Self::DEFAULT_SILENCE_TIMEOUT,
+        }
+    }
+}
+
+/// The steps of a retire (and of a migration's retire half).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetireStep {
+    /// A verified snapshot from a surviving voter.
+    Snapshot,
+    /// Hand leadership over if the node leads.
+    Forfeit,
+    /// EtcdLeaveCluster on the node.
+    Leave,
+    /// Reset the node at once.
+    Reset,
+    /// A survivor no longer lists it; the rest are healthy.
+    Confirm,
+    /// Wait until its API stops answering.
+    WaitSilent,
+}
+
+impl StepInfo for RetireStep {
+    fn name(&self) -> &'static str {
+        match self {
+            RetireStep::Snapshot => "snapshot",
+            RetireStep::Forfeit => "forfeit",
+            RetireStep::Leave => "leave",
+            RetireStep::Reset => "reset",
+            RetireStep::Confirm => "confirm",
+            RetireStep::WaitSilent => "wait-silent",
+        }
+    }
+
+    fn destructive(&self) -> bool {
+        matches!(
+            self,
+            RetireStep::Forfeit | RetireStep::Leave | RetireStep::Reset
+        )
+    }
+}
+
+/// The member a retire removes, as the preflight identified it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedMember {
+    /// Its member id.
+    pub member_id: MemberId,
+    /// Its member name.
+    pub hostname: String,
+}
+
+/// What a retire's preflight found and its steps recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RetireFacts {
+    /// The node's address.
+    pub address: String,
+    /// Its member (`None`: it already left).
+    pub member: Option<PlannedMember>,
+    /// Whether it led at plan time (`None`: not known yet).
+    pub leads: Option<bool>,
+    /// The surviving voter the snapshot comes from (`None` until chosen).
+    pub source: Option<Source>,
+    /// The labels to wipe.
+    pub wipe: Vec<String>,
+    /// Where the snapshot goes (resolved).
+    pub snapshot_dir: PathBuf,
+    /// How long to wait for silence.
+    #[serde(with = "millis", rename = "silence_timeout_ms")]
+    pub silence_timeout: Duration,
+    /// The verified snapshot, once taken.
+    pub snapshot: Option<PathBuf>,
+    /// Milliseconds between the leave's answer and the reset's.
+    pub leave_to_reset_gap_ms: Option<f64>,
+}
+
+impl RetireFacts {
+    /// The steps for these facts: the full handover of a member, or only
+    /// the reset of a node that already left.
+    pub(crate) fn steps(&self) -> Vec<RetireStep> {
+        use RetireStep::*;
+        if self.member.is_some() {
+            vec![Snapshot, Forfeit, Leave, Reset, Confirm, WaitSilent]
+        } else {
+            vec![Reset, WaitSilent]
+        }
+    }
+
+    fn member(&self) -> Result<&PlannedMember, OpsError> {
+        need(&self.member, "member")
+    }
+
+    fn source(&self) -> Result<&Source, OpsError> {
+        need(&self.source, "source")
+    }
+}
+
+impl RetireStep {
+    /// What the step does, in the cluster's terms.
+    pub(crate) fn describe(self, f: &RetireFacts) -> String {
+        let name = f
+            .member
+            .as_ref()
+            .map_or(f.address.as_str(), |m| m.hostname.as_str());
+        let address = &f.address;
+        match self {
+            RetireStep::Snapshot => match &f.source {
+                Some(s) => format!(
+                    "verified snapshot from surviving voter {} into {}",
+                    s.name,
+                    f.snapshot_dir.display()
+                ),
+                None => format!(
+                    "verified snapshot from a surviving voter into {}",
+                    f.snapshot_dir.display()
+                ),
+            },
+            RetireStep::Forfeit => match f.leads {
+                Some(true) => {
+                    format!("{name} leads: hand leadership over and wait for a new leader")
+                }
+                Some(false) => format!("{name} does not lead: nothing to hand over"),
+                None => format!("if {name} leads, hand leadership over and wait for a new leader"),
+            },
+            RetireStep::Leave => format!("EtcdLeaveCluster on {name} ({address})"),
+            RetireStep::Reset => format!(
+                "reset {address} at once: wipe {}, no reboot, not graceful",
+                f.wipe.join(", ")
+            ),
+            RetireStep::Confirm => {
+                "a survivor no longer lists the member and every remaining member is healthy".into()
+            }
+            RetireStep::WaitSilent => format!("wait until {address}'s API stops answering"),
+        }
+    }
 }
 
 impl Ops {
@@ -41,104 +214,63 @@ impl Ops {
     /// present, the member lists disagree, a remaining voter is unhealthy,
     /// the healthy voters left would be fewer than a quorum, or the node is
     /// the talosconfig's only endpoint.
-    pub async fn plan_retire(&self, options: &RetireOptions) -> Result<Plan, OpsError> {
+    pub(super) async fn plan_retire(&self, options: &RetireOptions) -> Result<Plan, OpsError> {
         let view = ClusterView::read(&self.client).await?;
-        let wipe = if options.wipe.is_empty() {
-            vec!["STATE".to_string(), "EPHEMERAL".to_string()]
-        } else {
-            options.wipe.clone()
-        };
-        let mut facts = serde_json::Map::new();
         let member = view.find(&options.node);
         let address = match member {
             Some(m) => member_address(m).unwrap_or_else(|| options.node.clone()),
             None => options.node.clone(),
         };
         self.refuse_only_endpoint(&options.node, &address)?;
-        let mut steps = Vec::new();
+        let mut facts = RetireFacts {
+            address,
+            member: None,
+            leads: None,
+            source: None,
+            wipe: options.wipe.clone(),
+            snapshot_dir: self.snapshot_dir(options.snapshot_dir.as_ref()),
+            silence_timeout: options.silence_timeout,
+            snapshot: None,
+            leave_to_reset_gap_ms: None,
+        };
         match member {
             None if !options.already_left => {
-                return Err(OpsError::Refused(format!(
-                    "{} is not an etcd member (members: {}); use --already-left to only reset it",
-                    options.node,
-                    names(&view.members).join(", ")
-                )));
+                return Err(Refusal::NotMember {
+                    node: options.node.clone(),
+                    members: names(&view.members),
+                }
+                .into());
             }
             Some(m) if options.already_left => {
-                return Err(OpsError::Refused(format!(
-                    "--already-left, but {} is still etcd member {}",
-                    options.node, m.id
-                )));
+                return Err(Refusal::StillMember {
+                    node: options.node.clone(),
+                    member_id: m.id.to_string(),
+                }
+                .into());
             }
             None => {}
             Some(m) => {
-                check_quorum(&view, m.id, &m.hostname)?;
-                let (source, source_address) = pick_source(&view, Some(m.id))?;
-                facts.insert("source".into(), json!(source_address));
-                facts.insert("member_id".into(), json!(m.id.to_string()));
-                let leads = view.leader() == Some(m.id);
-                steps.push(step(
-                    "snapshot",
-                    format!(
-                        "verified snapshot from surviving voter {source} into {}",
-                        options.snapshot_dir.display()
-                    ),
-                    false,
-                ));
-                steps.push(step(
-                    "forfeit",
-                    if leads {
-                        format!(
-                            "{} leads: hand leadership over and wait for a new leader",
-                            m.hostname
-                        )
-                    } else {
-                        format!("{} does not lead: nothing to hand over", m.hostname)
-                    },
-                    true,
-                ));
-                steps.push(step(
-                    "leave",
-                    format!("EtcdLeaveCluster on {} ({address})", m.hostname),
-                    true,
-                ));
+                check_removal(&view, m.id, &m.hostname)?;
+                facts.source = Some(pick_source(&view, Some(m.id))?);
+                facts.leads = Some(view.leader() == Some(m.id));
+                facts.member = Some(PlannedMember {
+                    member_id: m.id,
+                    hostname: m.hostname.clone(),
+                });
             }
         }
-        steps.push(step(
-            "reset",
-            format!(
-                "reset {address} at once: wipe {}, no reboot, not graceful",
-                wipe.join(", ")
-            ),
-            true,
-        ));
-        if member.is_some() {
-            steps.push(step(
-                "confirm",
-                "a survivor no longer lists the member and every remaining member is healthy"
-                    .into(),
-                false,
-            ));
-        }
-        steps.push(step(
-            "wait-silent",
-            format!("wait until {address}'s API stops answering"),
-            false,
-        ));
-        facts.insert("address".into(), json!(address));
-        Ok(Plan {
-            kind: OpKind::Retire,
-            params: json!({
-                "node": options.node,
-                "wipe": wipe,
-                "already_left": options.already_left,
-                "snapshot_dir": options.snapshot_dir,
-                "silence_timeout_s": options.silence_timeout.as_secs(),
-            }),
+        let steps = facts
+            .steps()
+            .into_iter()
+            .map(|s| PlannedStep::new(Step::Retire(s), s.describe(&facts)))
+            .collect();
+        Ok(Plan::new(
+            OpSpec::Retire(options.clone()),
             steps,
-            notes: Vec::new(),
-            facts,
-        })
+            Vec::new(),
+            Facts::Retire(facts),
+            &view.basis(),
+        ))
     }
 
     pub(super) fn refuse_only_endpoint(&self, node: &str, address: &str) -> Result<(), OpsError> {
@@ -149,45 +281,43 @@ impl Ops {
             .map(|e| e.host)
             .collect();
         if !hosts.is_empty() && hosts.iter().all(|h| h == node || h == address) {
-            return Err(OpsError::Refused(format!(
-                "{node} is the only endpoint of talosconfig context {:?}: retiring it loses the API; add another endpoint first (config add-endpoint)",
-                self.context
-            )));
+            return Err(Refusal::OnlyEndpoint {
+                node: node.to_string(),
+                context: self.context.clone(),
+            }
+            .into());
         }
         Ok(())
     }
 
     pub(super) async fn retire_step(
         &mut self,
-        step: &str,
-        facts: &mut serde_json::Map<String, serde_json::Value>,
+        step: RetireStep,
+        facts: &mut RetireFacts,
     ) -> Result<Outcome, OpsError> {
-        let params = facts.get("params").cloned().unwrap_or_default();
-        let address = fact(facts, "address").to_string();
-        let target = self.client.node(address.as_str());
+        let target = self.client.node(facts.address.as_str());
         match step {
-            "snapshot" => {
-                let dir = params["snapshot_dir"].as_str().unwrap_or(".").to_string();
-                let source = fact(facts, "source").to_string();
-                let path = self.take_snapshot(&source, dir.as_ref()).await?;
-                facts.insert("snapshot".into(), json!(path));
-                Ok(Outcome::done(format!("{} (from {source})", path.display())))
+            RetireStep::Snapshot => {
+                let source = facts.source()?.address.clone();
+                let path = self.take_snapshot(&source, &facts.snapshot_dir).await?;
+                let detail = format!("{} (from {source})", path.display());
+                facts.snapshot = Some(path);
+                Ok(Outcome::done(detail))
             }
-            "forfeit" => {
-                let id = member_id(facts);
+            RetireStep::Forfeit => {
+                let id = facts.member()?.member_id;
                 let status = target.etcd_status().await?;
                 if status.leader != id {
                     return Ok(Outcome::skipped("the node does not lead"));
                 }
                 let successor = target.etcd_forfeit_leadership().await?;
-                let survivor = self.client.node(fact(facts, "source"));
+                let survivor = self.client.node(facts.source()?.address.as_str());
                 let deadline = Instant::now() + Duration::from_secs(30);
                 loop {
                     if let Ok(s) = survivor.etcd_status().await
                         && s.leader.0 != 0
                         && s.leader != id
                     {
-                        facts.insert("forfeited".into(), json!(true));
                         return Ok(Outcome::done(format!(
                             "leadership moved to {}",
                             successor.unwrap_or_else(|| s.leader.to_string())
@@ -202,51 +332,52 @@ impl Ops {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
-            "leave" => {
+            RetireStep::Leave => {
                 target.etcd_leave_cluster().await?;
                 self.leave_answered = Some(Instant::now());
                 Ok(Outcome::done("the member left etcd"))
             }
-            "reset" => {
-                let request = reset_request(&params);
-                target.reset(request).await?;
+            RetireStep::Reset => {
+                target.reset(reset_request(&facts.wipe)).await?;
                 let detail = match self.leave_answered.take() {
                     Some(answered) => {
                         let gap = answered.elapsed().as_secs_f64() * 1000.0;
-                        facts.insert("leave_to_reset_gap_ms".into(), json!(gap));
+                        facts.leave_to_reset_gap_ms = Some(gap);
                         format!("reset accepted {gap:.1} ms after the leave's answer")
                     }
                     None => "reset accepted".to_string(),
                 };
                 Ok(Outcome::done(detail))
             }
-            "confirm" => self.confirm_gone(facts).await,
-            "wait-silent" => {
-                let timeout =
-                    Duration::from_secs(params["silence_timeout_s"].as_u64().unwrap_or(120));
-                self.wait_silent(&address, timeout).await
+            RetireStep::Confirm => self.confirm_gone(facts.member()?.member_id).await,
+            RetireStep::WaitSilent => {
+                self.wait_silent(&facts.address, facts.silence_timeout)
+                    .await
             }
-            other => Err(OpsError::step(other, "unknown step")),
         }
     }
 
     /// After a crash with `step` in flight: is it already done?
     pub(super) async fn reconcile_retire(
         &mut self,
-        step: &str,
-        facts: &mut serde_json::Map<String, serde_json::Value>,
+        step: RetireStep,
+        facts: &RetireFacts,
     ) -> Result<Option<Outcome>, OpsError> {
-        let address = fact(facts, "address").to_string();
         match step {
-            "leave" => {
-                let id = member_id(facts);
-                let survivor = self.client.node(fact(facts, "source"));
+            RetireStep::Leave => {
+                let id = facts.member()?.member_id;
+                let survivor = self.client.node(facts.source()?.address.as_str());
                 let members = survivor.etcd_member_list(false).await?;
                 Ok((!members.iter().any(|m| m.id == id))
                     .then(|| Outcome::done("reconciled: the member is already gone")))
             }
-            "reset" => {
-                let answers = self.client.node(address.as_str()).version().await.is_ok();
+            RetireStep::Reset => {
+                let answers = self
+                    .client
+                    .node(facts.address.as_str())
+                    .version()
+                    .await
+                    .is_ok();
                 Ok((!answers).then(|| Outcome::done("reconciled: the node no longer answers")))
             }
             // Forfeit checks who leads; the rest is read-only.
@@ -254,22 +385,14 @@ impl Ops {
         }
     }
 
-    async fn confirm_gone(
-        &self,
-        facts: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<Outcome, OpsError> {
-        let id = member_id(facts);
+    async fn confirm_gone(&self, id: MemberId) -> Result<Outcome, OpsError> {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut last;
         loop {
             match ClusterView::read(&self.client).await {
                 Ok(view) if view.find_id(id) => last = "the member is still listed".into(),
                 Ok(view) => {
-                    let unhealthy: Vec<_> = view
-                        .voters()
-                        .filter(|m| !view.healthy(m.id))
-                        .map(|m| format!("{}: {}", m.hostname, view.unhealthy_reason(m.id)))
-                        .collect();
+                    let unhealthy = unhealthy_voters(&view, None);
                     if unhealthy.is_empty() && view.disagreements.is_empty() {
                         let voters = view.voters().count();
                         return Ok(Outcome::done(format!(
@@ -310,70 +433,14 @@ impl Ops {
     }
 }
 
-fn step(name: &str, description: String, destructive: bool) -> PlannedStep {
-    PlannedStep {
-        name: name.into(),
-        description,
-        destructive,
-    }
-}
-
-fn member_id(facts: &serde_json::Map<String, serde_json::Value>) -> MemberId {
-    MemberId(u64::from_str_radix(fact(facts, "member_id"), 16).unwrap_or_default())
-}
-
-fn reset_request(params: &serde_json::Value) -> ResetRequest {
+/// The reset of a node that has left etcd: at once, not graceful (it has
+/// nothing left to leave), no reboot (it powers off).
+fn reset_request(wipe: &[String]) -> ResetRequest {
     ResetRequest {
         graceful: false,
         reboot: false,
-        system_labels_to_wipe: params["wipe"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|l| l.as_str().map(str::to_string))
-            .collect(),
+        system_labels_to_wipe: wipe.to_vec(),
         user_disks_to_wipe: Vec::new(),
         mode: WipeMode::SystemDisk,
     }
-}
-
-/// The quorum rules of a retire of member `id`.
-pub(super) fn check_quorum(view: &ClusterView, id: MemberId, name: &str) -> Result<(), OpsError> {
-    let refuse = |reason: String| Err(OpsError::Refused(reason));
-    if let Some(learner) = view.members.iter().find(|m| m.is_learner) {
-        return refuse(format!(
-            "learner {} is still catching up: wait until it is a voter (ops join {})",
-            learner.hostname, learner.hostname
-        ));
-    }
-    let voters: Vec<_> = view.voters().collect();
-    if voters.len() <= 1 {
-        return refuse(format!("{name} is the last voting member"));
-    }
-    if !view.disagreements.is_empty() {
-        return refuse(format!(
-            "the members' lists disagree: {}",
-            view.disagreements.join("; ")
-        ));
-    }
-    let remaining: Vec<_> = voters.iter().filter(|m| m.id != id).collect();
-    let unhealthy: Vec<String> = remaining
-        .iter()
-        .filter(|m| !view.healthy(m.id))
-        .map(|m| format!("{} ({})", m.hostname, view.unhealthy_reason(m.id)))
-        .collect();
-    if !unhealthy.is_empty() {
-        return refuse(format!(
-            "remaining voters are unhealthy: {}",
-            unhealthy.join(", ")
-        ));
-    }
-    let healthy = remaining.len();
-    if healthy < quorum(remaining.len()) {
-        return refuse(format!(
-            "only {healthy} healthy voters would remain, fewer than a quorum of {}",
-            quorum(remaining.len())
-        ));
-    }
-    Ok(())
 }

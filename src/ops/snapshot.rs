@@ -4,18 +4,90 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
-use super::cluster::{ClusterView, member_address};
-use super::{OpKind, Ops, OpsError, Outcome, Plan, PlannedStep, fact};
+use super::cluster::ClusterView;
+use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
+use super::policy::{Source, pick_source};
+use super::{OpSpec, Ops, OpsError, Outcome};
 
-/// Options of [`Ops::plan_snapshot`].
-#[derive(Debug, Clone)]
+/// Options of a snapshot ([`OpSpec::Snapshot`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
 pub struct SnapshotOptions {
-    /// Where snapshots go.
+    /// Where snapshots go (`None`: the operations layer's snapshot
+    /// directory, [`Ops::set_snapshot_defaults`]).
+    pub dir: Option<PathBuf>,
+    /// Keep the newest N verified snapshots of this cluster; 0 keeps all
+    /// (`None`: the operations layer's retention).
+    pub keep: Option<usize>,
+}
+
+impl SnapshotOptions {
+    /// Into `dir` (or the default directory), keeping `keep` (or the
+    /// default retention).
+    pub fn new(dir: Option<PathBuf>, keep: Option<usize>) -> SnapshotOptions {
+        SnapshotOptions { dir, keep }
+    }
+}
+
+/// The steps of a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SnapshotStep {
+    /// Take the verified snapshot.
+    Snapshot,
+    /// Remove the oldest beyond the retention.
+    Retention,
+}
+
+impl StepInfo for SnapshotStep {
+    fn name(&self) -> &'static str {
+        match self {
+            SnapshotStep::Snapshot => "snapshot",
+            SnapshotStep::Retention => "retention",
+        }
+    }
+
+    fn destructive(&self) -> bool {
+        false
+    }
+}
+
+impl SnapshotStep {
+    fn describe(self, facts: &SnapshotFacts) -> String {
+        match self {
+            SnapshotStep::Snapshot => format!(
+                "verified snapshot from {} ({}) into {}",
+                facts.source.name,
+                facts.source.address,
+                facts.dir.display()
+            ),
+            SnapshotStep::Retention => {
+                let keep = if facts.keep == 0 {
+                    "keep every snapshot".to_string()
+                } else {
+                    format!("keep the newest {} verified snapshots", facts.keep)
+                };
+                format!("{keep} in {}; nothing else is touched", facts.dir.display())
+            }
+        }
+    }
+}
+
+/// What a snapshot's preflight chose and its steps recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SnapshotFacts {
+    /// The member it is taken from.
+    pub source: Source,
+    /// The directory (resolved).
     pub dir: PathBuf,
-    /// Keep the newest N verified snapshots of this cluster (0: keep all).
+    /// The retention (resolved).
     pub keep: usize,
+    /// The verified snapshot, once taken.
+    pub snapshot: Option<PathBuf>,
 }
 
 /// Suffix of our snapshot files; the sidecar adds `.json`.
@@ -23,78 +95,52 @@ const EXT: &str = ".db";
 
 impl Ops {
     /// Preflight of a snapshot: picks the member to take it from.
-    pub async fn plan_snapshot(&self, options: &SnapshotOptions) -> Result<Plan, OpsError> {
+    pub(super) async fn plan_snapshot(&self, options: &SnapshotOptions) -> Result<Plan, OpsError> {
         let view = ClusterView::read(&self.client).await?;
         let source = pick_source(&view, None)?;
-        let mut facts = serde_json::Map::new();
-        facts.insert("source".into(), json!(source.1));
-        let keep = if options.keep == 0 {
-            "keep every snapshot".to_string()
-        } else {
-            format!("keep the newest {} verified snapshots", options.keep)
+        let facts = SnapshotFacts {
+            source,
+            dir: self.snapshot_dir(options.dir.as_ref()),
+            keep: options.keep.unwrap_or(self.snapshot_keep),
+            snapshot: None,
         };
-        Ok(Plan {
-            kind: OpKind::Snapshot,
-            params: json!({ "dir": options.dir, "keep": options.keep }),
-            steps: vec![
-                PlannedStep {
-                    name: "snapshot".into(),
-                    description: format!(
-                        "verified snapshot from {} ({}) into {}",
-                        source.0,
-                        source.1,
-                        options.dir.display()
-                    ),
-                    destructive: false,
-                },
-                PlannedStep {
-                    name: "retention".into(),
-                    description: format!(
-                        "{keep} in {}; nothing else is touched",
-                        options.dir.display()
-                    ),
-                    destructive: false,
-                },
-            ],
-            notes: Vec::new(),
-            facts,
-        })
+        let steps = [SnapshotStep::Snapshot, SnapshotStep::Retention]
+            .into_iter()
+            .map(|s| PlannedStep::new(Step::Snapshot(s), s.describe(&facts)))
+            .collect();
+        Ok(Plan::new(
+            OpSpec::Snapshot(options.clone()),
+            steps,
+            Vec::new(),
+            Facts::Snapshot(facts),
+            &view.basis(),
+        ))
     }
 
     pub(super) async fn snapshot_step(
         &mut self,
-        step: &str,
-        facts: &mut serde_json::Map<String, serde_json::Value>,
+        step: SnapshotStep,
+        facts: &mut SnapshotFacts,
     ) -> Result<Outcome, OpsError> {
-        let params = self.current_params(facts);
-        let dir = PathBuf::from(params["dir"].as_str().unwrap_or("."));
         match step {
-            "snapshot" => {
-                let source = fact(facts, "source").to_string();
-                let path = self.take_snapshot(&source, &dir).await?;
-                facts.insert("snapshot".into(), json!(path));
-                Ok(Outcome::done(format!("{} (from {source})", path.display())))
+            SnapshotStep::Snapshot => {
+                let path = self
+                    .take_snapshot(&facts.source.address, &facts.dir)
+                    .await?;
+                let detail = format!("{} (from {})", path.display(), facts.source.address);
+                facts.snapshot = Some(path);
+                Ok(Outcome::done(detail))
             }
-            "retention" => {
-                let keep = params["keep"].as_u64().unwrap_or(0) as usize;
-                let newest = PathBuf::from(fact(facts, "snapshot"));
-                let removed = retain(&dir, &self.context, keep, &newest)?;
+            SnapshotStep::Retention => {
+                let newest = need(&facts.snapshot, "snapshot")?;
+                let removed = retain(&facts.dir, &self.context, facts.keep, newest)?;
                 Ok(Outcome::done(if removed.is_empty() {
                     "nothing to remove".to_string()
                 } else {
                     format!("removed {}", removed.join(", "))
                 }))
             }
-            other => Err(OpsError::step(other, "unknown step")),
         }
-    }
-
-    /// The parameters of the operation being run (kept in its facts).
-    fn current_params(
-        &self,
-        facts: &serde_json::Map<String, serde_json::Value>,
-    ) -> serde_json::Value {
-        facts.get("params").cloned().unwrap_or_default()
     }
 
     /// Takes a verified snapshot from the node at `address` into `dir` as
@@ -125,26 +171,6 @@ impl Ops {
         crate::files::sync_parent(&path).map_err(io)?;
         Ok(path)
     }
-}
-
-/// Picks a healthy voter to snapshot from, avoiding `exclude`; prefers a
-/// follower so the leader is spared the load. Returns (name, address).
-pub(super) fn pick_source(
-    view: &ClusterView,
-    exclude: Option<crate::client::MemberId>,
-) -> Result<(String, String), OpsError> {
-    let leader = view.leader();
-    let mut candidates: Vec<_> = view
-        .voters()
-        .filter(|m| Some(m.id) != exclude && view.healthy(m.id))
-        .collect();
-    candidates.sort_by_key(|m| Some(m.id) == leader);
-    let member = candidates.first().ok_or_else(|| {
-        OpsError::Refused("no healthy voting member to take a snapshot from".into())
-    })?;
-    let address = member_address(member)
-        .ok_or_else(|| OpsError::Refused(format!("member {} has no address", member.hostname)))?;
-    Ok((member.hostname.clone(), address))
 }
 
 fn safe_name(context: &str) -> String {

@@ -40,7 +40,7 @@ pub fn state_dir(config: &Config, overrides: &Overrides) -> anyhow::Result<PathB
     if unsafe { libc::geteuid() } == 0 {
         return Ok(PathBuf::from("/var/lib/talos-opsd"));
     }
-    talos_client::ops::default_state_dir().context("no state directory: set state_dir")
+    talos_opsd_api::default_state_dir().context("no state directory: set state_dir")
 }
 
 /// Runs until SIGTERM or SIGINT.

@@ -14,8 +14,6 @@ pub mod recover;
 pub mod schedule;
 pub mod service;
 
-/// The generated API (`proto/opsd/v1/opsd.proto`): client and server.
-#[allow(clippy::all, missing_docs)]
-pub mod proto {
-    tonic::include_proto!("opsd.v1");
-}
+/// The generated API (`proto/opsd/v1/opsd.proto`), from the API crate
+/// that clients share.
+pub use talos_opsd_api::proto;

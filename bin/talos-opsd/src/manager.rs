@@ -1,7 +1,9 @@
 //! The daemon's operations: the configured clusters, the operations running
 //! in this process (each with its step events and a stop handle), starting
-//! and resuming them through `talos_client::ops`, and parking them all at
-//! shutdown. One operation per cluster is the operations layer's own lock.
+//! and resuming them through `talos_client::ops` (each one a tokio task),
+//! and parking them all at shutdown. One operation per cluster is the
+//! operations layer's own lock, shared with `talosctl-rs ops --local` on the
+//! same state directory.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -10,10 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use talos_client::Client;
-use talos_client::ops::{
-    ApplyOptions, Event, JoinOptions, MigrateOptions, OpRecord, OpState, Ops, OpsError, Plan,
-    RetireOptions, SnapshotOptions, StepState, StopHandle,
-};
+use talos_client::ops::{Event, OpRecord, OpSpec, Ops, OpsError, Plan, Refusal, StopHandle};
+use talos_opsd_api::{event_to_proto, state_name};
 use tokio::sync::{oneshot, watch};
 
 use crate::catalogue::Catalogue;
@@ -21,24 +21,6 @@ use crate::config::ResolvedCluster;
 use crate::metrics::Metrics;
 use crate::proto;
 use crate::proto::operation_event::Event as Ev;
-
-/// What to start.
-#[derive(Debug, Clone)]
-pub enum Request {
-    /// A verified snapshot into the cluster's snapshot directory.
-    Snapshot {
-        /// Keep the newest N (0: the configured retention).
-        keep: usize,
-    },
-    /// Retire a node.
-    Retire(RetireOptions),
-    /// Wait for a new member.
-    Join(JoinOptions),
-    /// Apply a configuration on trial, then confirm.
-    Apply(ApplyOptions),
-    /// Join a new node, then retire an old one.
-    Migrate(MigrateOptions),
-}
 
 /// An operation running in this process.
 pub struct Running {
@@ -63,8 +45,20 @@ pub struct Manager {
     catalogue: Mutex<Catalogue>,
 }
 
-/// Why a start was refused (mapped to gRPC codes by the service).
-pub type StartError = OpsError;
+/// Why a plan or a start was refused (mapped to gRPC codes by the
+/// service).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The operations layer refused or failed.
+    #[error(transparent)]
+    Ops(#[from] OpsError),
+    /// No such cluster in the configuration.
+    #[error("no cluster {0:?} is configured")]
+    UnknownCluster(String),
+    /// The daemon is shutting down.
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+}
 
 impl Manager {
     /// A manager over `clusters`, journaled in `state_dir`.
@@ -148,7 +142,28 @@ impl Manager {
 
     fn open(&self, cluster: &ResolvedCluster) -> Result<Ops, OpsError> {
         let client = Client::from_context(&cluster.context)?;
-        Ops::open(&cluster.context, client, &self.state_dir)
+        let mut ops = Ops::open(&cluster.context, client, &self.state_dir)?;
+        let keep = cluster.config.snapshots.as_ref().map_or(0, |s| s.keep);
+        ops.set_snapshot_defaults(self.snapshot_dir(cluster), keep);
+        Ok(ops)
+    }
+
+    fn resolve(&self, cluster: &str) -> Result<ResolvedCluster, StartError> {
+        if self.is_stopping() {
+            return Err(StartError::ShuttingDown);
+        }
+        self.cluster(cluster)
+            .ok_or_else(|| StartError::UnknownCluster(cluster.to_string()))
+    }
+
+    /// Plans `spec` on `cluster` and changes nothing: refused as a start
+    /// would be (another operation holding the cluster included). The lock
+    /// is let go at once; a start plans again and compares fingerprints.
+    pub async fn plan(&self, cluster: &str, spec: &OpSpec) -> Result<Plan, StartError> {
+        let resolved = self.resolve(cluster)?;
+        let mut plan = self.open(&resolved)?.plan(spec).await?;
+        plan.release();
+        Ok(plan)
     }
 
     /// The snapshot directory of `cluster`.
@@ -161,85 +176,43 @@ impl Manager {
             .unwrap_or_else(|| self.state_dir.join("snapshots").join(&cluster.config.name))
     }
 
-    /// Plans and starts `request` on `cluster`; returns once it is
-    /// journaled, with the preflight's notes.
+    /// Plans and starts `spec` on `cluster`; returns once it is journaled,
+    /// with the preflight's notes. With `confirmed`, the plan made now must
+    /// have that fingerprint (the one the caller showed and confirmed).
     pub async fn start(
         self: &Arc<Self>,
         cluster: &str,
-        request: Request,
+        spec: OpSpec,
+        confirmed: Option<String>,
     ) -> Result<(OpRecord, Vec<String>), StartError> {
-        if self.is_stopping() {
-            return Err(OpsError::Refused("the daemon is shutting down".into()));
-        }
-        let resolved = self
-            .cluster(cluster)
-            .ok_or_else(|| OpsError::Refused(format!("no cluster {cluster:?} is configured")))?;
-        let (id, notes) = self.spawn(resolved, Job::Run(request)).await?;
+        let resolved = self.resolve(cluster)?;
+        let (id, notes) = self.spawn(resolved, Job::Run(spec, confirmed)).await?;
         Ok((self.journal()?.get(&id)?, notes))
     }
 
-    async fn plan(
-        &self,
-        ops: &Ops,
-        cluster: &ResolvedCluster,
-        request: Request,
-    ) -> Result<Plan, OpsError> {
-        match request {
-            Request::Snapshot { keep } => {
-                let configured = cluster.config.snapshots.as_ref().map_or(0, |s| s.keep);
-                let options = SnapshotOptions {
-                    dir: self.snapshot_dir(cluster),
-                    keep: if keep == 0 { configured } else { keep },
-                };
-                ops.plan_snapshot(&options).await
-            }
-            Request::Retire(mut options) => {
-                if options.snapshot_dir.as_os_str().is_empty() {
-                    options.snapshot_dir = self.snapshot_dir(cluster);
-                }
-                ops.plan_retire(&options).await
-            }
-            Request::Join(options) => ops.plan_join(&options).await,
-            Request::Migrate(mut options) => {
-                if options.snapshot_dir.as_os_str().is_empty() {
-                    options.snapshot_dir = self.snapshot_dir(cluster);
-                }
-                ops.plan_migrate(&options).await
-            }
-            Request::Apply(options) => ops.plan_apply(&options).await,
-        }
-    }
-
     /// Resumes interrupted operation `id` of `cluster` in the background.
-    pub async fn resume(self: &Arc<Self>, cluster: &str, id: &str) -> Result<String, OpsError> {
-        let resolved = self
-            .cluster(cluster)
-            .ok_or_else(|| OpsError::Refused(format!("no cluster {cluster:?} is configured")))?;
+    pub async fn resume(self: &Arc<Self>, cluster: &str, id: &str) -> Result<String, StartError> {
+        let resolved = self.resolve(cluster)?;
         let (id, _) = self.spawn(resolved, Job::Resume(id.to_string())).await?;
         Ok(id)
     }
 
     /// Marks operation `id` as needing a person.
-    pub fn needs_attention(&self, cluster: &str, id: &str) -> Result<OpRecord, OpsError> {
-        let resolved = self
-            .cluster(cluster)
-            .ok_or_else(|| OpsError::Refused(format!("no cluster {cluster:?} is configured")))?;
-        self.open(&resolved)?.mark_needs_attention(id)
+    pub fn needs_attention(&self, cluster: &str, id: &str) -> Result<OpRecord, StartError> {
+        let resolved = self.resolve(cluster)?;
+        Ok(self.open(&resolved)?.mark_needs_attention(id)?)
     }
 
-    /// Runs the job on a thread of its own (the journal's connection is
-    /// not shared between threads, so an operation's future stays on one);
-    /// answers with the operation id and the plan's notes once it is
-    /// journaled, or with the refusal (preflight, busy, interrupted) that
-    /// came first.
+    /// Runs the job as a task; answers with the operation id and the
+    /// plan's notes once it is journaled, or with the refusal (preflight,
+    /// busy, interrupted, a changed plan) that came first.
     async fn spawn(
         self: &Arc<Self>,
         cluster: ResolvedCluster,
         job: Job,
-    ) -> Result<(String, Vec<String>), OpsError> {
+    ) -> Result<(String, Vec<String>), StartError> {
         let (started_tx, started_rx) =
             oneshot::channel::<Result<(String, Vec<String>), OpsError>>();
-        let started_tx = Arc::new(Mutex::new(Some(started_tx)));
         let stop = StopHandle::new();
         let (events, _) = watch::channel(Vec::new());
         let running = Arc::new(Running {
@@ -248,75 +221,68 @@ impl Manager {
             events,
         });
         let manager = Arc::clone(self);
-        let refuse = {
-            let started_tx = Arc::clone(&started_tx);
-            move |e: OpsError| {
+        tokio::spawn(async move {
+            let began = Instant::now();
+            let started_tx = Mutex::new(Some(started_tx));
+            let refuse = |e: OpsError| {
                 if let Some(tx) = started_tx.lock().unwrap().take() {
                     let _ = tx.send(Err(e));
                 }
-            }
-        };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|source| OpsError::Io {
-                path: self.state_dir.clone(),
-                source,
-            })?;
-        std::thread::spawn(move || {
-            runtime.block_on(async move {
-                let began = Instant::now();
-                let mut ops = match manager.open(&cluster) {
-                    Ok(ops) => ops,
+            };
+            let mut ops = match manager.open(&cluster) {
+                Ok(ops) => ops,
+                Err(e) => return refuse(e),
+            };
+            ops.set_stop(stop);
+            let job = match job {
+                Job::Run(spec, confirmed) => match plan_matching(&ops, &spec, confirmed).await {
+                    Ok(plan) => Planned::Run(Box::new(plan)),
                     Err(e) => return refuse(e),
-                };
-                ops.set_stop(stop);
-                let job = match job {
-                    Job::Run(request) => match manager.plan(&ops, &cluster, request).await {
-                        Ok(plan) => Planned::Run(plan),
-                        Err(e) => return refuse(e),
-                    },
-                    Job::Resume(id) => Planned::Resume(id),
-                };
-                let notes = match &job {
-                    Planned::Run(plan) => plan.notes.clone(),
-                    Planned::Resume(_) => Vec::new(),
-                };
-                let mut id = None::<String>;
-                let mut observe = |event: Event<'_>| {
-                    crash_hook(&event);
-                    if let Event::Started { id: started } = event {
-                        id = Some(started.to_string());
-                        manager
-                            .running
-                            .lock()
-                            .unwrap()
-                            .insert(started.to_string(), Arc::clone(&running));
-                        if let Some(tx) = started_tx.lock().unwrap().take() {
-                            let _ = tx.send(Ok((started.to_string(), notes.clone())));
-                        }
+                },
+                Job::Resume(id) => Planned::Resume(id),
+            };
+            let notes = match &job {
+                Planned::Run(plan) => plan.notes.clone(),
+                Planned::Resume(_) => Vec::new(),
+            };
+            let mut id = None::<String>;
+            let mut observe = |event: Event<'_>| {
+                crash_hook(&event);
+                if let Event::Started { id: started } = event {
+                    id = Some(started.to_string());
+                    manager
+                        .running
+                        .lock()
+                        .unwrap()
+                        .insert(started.to_string(), Arc::clone(&running));
+                    if let Some(tx) = started_tx.lock().unwrap().take() {
+                        let _ = tx.send(Ok((started.to_string(), notes.clone())));
                     }
-                    if let Some(mut event) = to_proto(&event) {
-                        event.operation_id = id.clone().unwrap_or_default();
-                        running.events.send_modify(|all| all.push(event));
-                    }
-                };
-                let result = match job {
-                    Planned::Run(plan) => ops.run(plan, &mut observe).await,
-                    Planned::Resume(ref op) => ops.resume(op, &mut observe).await,
-                };
-                let Some(id) = id else {
-                    if let Err(e) = result {
-                        refuse(e);
-                    }
-                    return;
-                };
-                manager.finish(&cluster, &id, &running, result, began);
-            })
+                }
+                if let Some(mut event) = event_to_proto(&event) {
+                    event.operation_id = id.clone().unwrap_or_default();
+                    running.events.send_modify(|all| all.push(event));
+                }
+            };
+            let result = match job {
+                Planned::Run(plan) => ops.run(*plan, &mut observe).await,
+                Planned::Resume(ref op) => ops.resume(op, &mut observe).await,
+            };
+            let Some(id) = id else {
+                if let Err(e) = result {
+                    refuse(e);
+                }
+                return;
+            };
+            manager.finish(&cluster, &id, &running, result, began);
         });
-        started_rx
-            .await
-            .unwrap_or_else(|_| Err(OpsError::Refused("the operation's task ended".into())))
+        match started_rx.await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(StartError::Ops(OpsError::StepFailed {
+                step: "start".into(),
+                reason: "the operation's task ended before it was journaled".into(),
+            })),
+        }
     }
 
     /// After a run: the final event, metrics, catalogue and retention.
@@ -343,7 +309,7 @@ impl Manager {
             if let Some(gap) = record.facts["leave_to_reset_gap_ms"].as_f64() {
                 self.metrics.leave_to_reset_gap(name, gap / 1000.0);
             }
-            if record.kind == "snapshot" {
+            if record.kind == talos_client::ops::OpKind::Snapshot.name() {
                 self.after_snapshot(cluster, record, result.is_ok(), began);
             }
         }
@@ -427,12 +393,30 @@ impl Manager {
 }
 
 enum Job {
-    Run(Request),
+    Run(OpSpec, Option<String>),
     Resume(String),
 }
 
+/// Plans `spec`; with `confirmed`, refuses a plan whose fingerprint differs
+/// (the cluster changed since the caller's plan).
+async fn plan_matching(
+    ops: &Ops,
+    spec: &OpSpec,
+    confirmed: Option<String>,
+) -> Result<Plan, OpsError> {
+    let plan = ops.plan(spec).await?;
+    match confirmed {
+        Some(confirmed) if confirmed != plan.fingerprint => Err(Refusal::PlanChanged {
+            confirmed,
+            now: plan.fingerprint,
+        }
+        .into()),
+        _ => Ok(plan),
+    }
+}
+
 enum Planned {
-    Run(Plan),
+    Run(Box<Plan>),
     Resume(String),
 }
 
@@ -445,54 +429,6 @@ pub fn fingerprint_of(cluster: &ResolvedCluster) -> String {
         .collect()
 }
 
-/// An operation state as the API writes it.
-pub fn state_name(state: OpState) -> String {
-    serde_json::to_value(state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
-/// A step state as the API writes it.
-pub fn step_state_name(state: StepState) -> String {
-    serde_json::to_value(state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
-fn to_proto(event: &Event<'_>) -> Option<proto::OperationEvent> {
-    let ev = match *event {
-        Event::StepStarted {
-            index,
-            name,
-            destructive,
-        } => Ev::StepStarted(proto::StepStarted {
-            index: index as u32,
-            name: name.into(),
-            destructive,
-        }),
-        Event::StepEnded {
-            index,
-            name,
-            state,
-            duration_ms,
-            detail,
-        } => Ev::StepEnded(proto::StepEnded {
-            index: index as u32,
-            name: name.into(),
-            state: step_state_name(state),
-            duration_ms,
-            detail: detail.into(),
-        }),
-        _ => return None,
-    };
-    Some(proto::OperationEvent {
-        operation_id: String::new(),
-        event: Some(ev),
-    })
-}
-
 /// `TALOS_OPSD_TEST_CRASH=started:STEP` or `answered:STEP` aborts the daemon
 /// at that point, as a crash would (for the crash-safety tests).
 fn crash_hook(event: &Event<'_>) {
@@ -500,11 +436,19 @@ fn crash_hook(event: &Event<'_>) {
         return;
     };
     let point = match event {
-        Event::StepStarted { name, .. } => format!("started:{name}"),
-        Event::StepAnswered { name, .. } => format!("answered:{name}"),
+        Event::StepStarted { name, node, .. } => format!("started:{}", label(name, *node)),
+        Event::StepAnswered { name, node, .. } => format!("answered:{}", label(name, *node)),
         _ => return,
     };
     if point == crash {
         std::process::abort();
+    }
+}
+
+/// `NAME` or `NAME NODE`, as the journal's step labels read.
+fn label(name: &str, node: Option<&str>) -> String {
+    match node {
+        Some(node) => format!("{name} {node}"),
+        None => name.to_string(),
     }
 }

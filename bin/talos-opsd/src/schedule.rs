@@ -7,7 +7,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::manager::{Manager, Request};
+use crate::manager::Manager;
+use talos_client::ops::{OpSpec, SnapshotOptions};
 
 /// Starts one schedule task per cluster with snapshots configured; they end
 /// when `generation` moves past `mine` (a reload) or the daemon stops.
@@ -40,7 +41,10 @@ pub fn start(manager: &Arc<Manager>, generation: &Arc<AtomicU64>) {
 }
 
 async fn tick(manager: &Arc<Manager>, cluster: &str) {
-    match manager.start(cluster, Request::Snapshot { keep: 0 }).await {
+    match manager
+        .start(cluster, OpSpec::Snapshot(SnapshotOptions::default()), None)
+        .await
+    {
         Ok((record, _)) => {
             tracing::info!(cluster, op = %record.id, "scheduled snapshot started");
             // Wait for it, so ticks never pile up on one cluster.

@@ -4,20 +4,16 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::Stream;
-use talos_client::ops::{
-    ApplyOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpRecord, OpsError, RetireOptions,
-    StepState,
-};
+use talos_client::ops::{OpRecord, OpSpec, OpsError, StepState};
+use talos_opsd_api::{plan_to_proto, record_to_proto, spec_from_proto, state_name, step_events};
 use tonic::{Request, Response, Status};
 
 use crate::listen::TlsPeer;
-use crate::manager::{self, Manager};
+use crate::manager::{self, Manager, StartError};
 use crate::proto;
 use crate::proto::operation_event::Event as Ev;
-use crate::proto::start_operation_request::Kind;
 
 /// The service.
 pub struct Service {
@@ -31,7 +27,7 @@ impl Service {
     }
 
     fn record(&self, record: &OpRecord, notes: Vec<String>) -> proto::Operation {
-        to_operation(
+        record_to_proto(
             record,
             self.manager
                 .cluster_of(&record.ca_fingerprint)
@@ -79,109 +75,69 @@ fn audit<T>(who: &str, what: &str, result: &Result<T, Status>) {
 pub fn status_of(error: OpsError) -> Status {
     let message = error.to_string();
     match error {
-        OpsError::Refused(_) | OpsError::Interrupted { .. } | OpsError::NotResumable { .. } => {
-            Status::failed_precondition(message)
-        }
+        OpsError::Refused(refusal) => talos_opsd_api::refusal_status(&refusal, message),
+        OpsError::Interrupted { .. }
+        | OpsError::NotResumable { .. }
+        | OpsError::EarlierFormat { .. } => Status::failed_precondition(message),
         OpsError::Busy { .. } => Status::aborted(message),
         OpsError::UnknownOperation(_) => Status::not_found(message),
         OpsError::AmbiguousOperation(_) => Status::invalid_argument(message),
+        OpsError::Io { .. } => Status::invalid_argument(message),
         OpsError::Client(_) => Status::unavailable(message),
         _ => Status::internal(message),
     }
 }
 
-fn secs(value: u32, default: u64) -> Duration {
-    Duration::from_secs(if value == 0 { default } else { value.into() })
+fn status_of_start(error: StartError) -> Status {
+    match error {
+        StartError::Ops(e) => status_of(e),
+        e @ StartError::UnknownCluster(_) => Status::not_found(e.to_string()),
+        e @ StartError::ShuttingDown => Status::unavailable(e.to_string()),
+    }
 }
 
-/// A maintenance-mode configuration, read on this host; refused as the CLI
-/// refuses it (neither pinned nor explicitly insecure, unreadable).
-fn maintenance(
-    config: Option<proto::MaintenanceConfig>,
-) -> Result<Option<MaintenanceApply>, Status> {
-    config
-        .map(|c| {
-            MaintenanceApply::load(
-                std::path::Path::new(&c.config_path),
-                c.cert_fingerprints,
-                c.insecure,
-            )
-            .map_err(|e| Status::invalid_argument(e.to_string()))
-        })
-        .transpose()
-}
-
-fn to_request(kind: Kind) -> Result<(manager::Request, String), Status> {
-    Ok(match kind {
-        Kind::Snapshot(p) => (
-            manager::Request::Snapshot {
-                keep: p.keep as usize,
-            },
-            "snapshot".into(),
-        ),
-        Kind::Retire(p) => (
-            manager::Request::Retire(RetireOptions {
-                node: p.node.clone(),
-                wipe: p.wipe,
-                already_left: p.already_left,
-                snapshot_dir: Default::default(),
-                silence_timeout: secs(p.silence_timeout_s, 120),
-            }),
-            format!("retire {}", p.node),
-        ),
-        Kind::Join(p) => {
-            let maintenance = maintenance(p.maintenance)?;
-            let what = match &maintenance {
-                Some(m) => format!("join {} with {}", p.node, m.config_path.display()),
-                None => format!("join {}", p.node),
-            };
-            (
-                manager::Request::Join(JoinOptions {
-                    node: p.node,
-                    timeout: secs(p.timeout_s, 600),
-                    maintenance,
-                }),
-                what,
-            )
-        }
-        Kind::Migrate(p) => (
-            manager::Request::Migrate(MigrateOptions {
-                maintenance: maintenance(p.maintenance)?,
-                join_timeout: secs(p.join_timeout_s, 600),
-                wipe: p.wipe,
-                snapshot_dir: Default::default(),
-                silence_timeout: secs(p.silence_timeout_s, 120),
-                from: p.from.clone(),
-                to: p.to.clone(),
-            }),
-            format!("migrate from {} to {}", p.from, p.to),
-        ),
-        Kind::Apply(p) => {
-            let config = std::fs::read(&p.config_path)
-                .map_err(|e| Status::invalid_argument(format!("{}: {e}", p.config_path)))?;
-            let what = format!("apply {} to {}", p.config_path, p.nodes.join(","));
-            (
-                manager::Request::Apply(ApplyOptions {
-                    nodes: p.nodes,
-                    config_path: p.config_path.into(),
-                    config,
-                    expect_change: p.expect_change,
-                    allow_issuer_change: p.allow_issuer_change,
-                    allow_reboot: p.allow_reboot,
-                    try_timeout: secs(p.try_timeout_s, 60),
-                    reboot_timeout: secs(p.reboot_timeout_s, 600),
-                    check: None,
-                }),
-                what,
-            )
-        }
-    })
+/// The spec a request asks for, and the request in words for the audit.
+fn spec_of(request: &proto::StartOperationRequest) -> Result<(OpSpec, String), Status> {
+    let kind = request
+        .kind
+        .clone()
+        .ok_or_else(|| Status::invalid_argument("no operation kind given"))?;
+    let spec = spec_from_proto(kind);
+    let what = format!(
+        "{} {} on cluster {:?}",
+        spec.kind(),
+        serde_json::to_string(&spec).unwrap_or_default(),
+        request.cluster
+    );
+    Ok((spec, what))
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<proto::OperationEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl proto::opsd_server::Opsd for Service {
+    async fn plan_operation(
+        &self,
+        request: Request<proto::StartOperationRequest>,
+    ) -> Result<Response<proto::Plan>, Status> {
+        let who = who(&request);
+        let request = request.into_inner();
+        let mut what = format!("plan on cluster {:?}", request.cluster);
+        let result = async {
+            let (spec, described) = spec_of(&request)?;
+            what = format!("plan {described}");
+            let plan = self
+                .manager
+                .plan(&request.cluster, &spec)
+                .await
+                .map_err(status_of_start)?;
+            Ok(Response::new(plan_to_proto(&plan)))
+        }
+        .await;
+        audit(&who, &what, &result);
+        result
+    }
+
     async fn start_operation(
         &self,
         request: Request<proto::StartOperationRequest>,
@@ -190,16 +146,14 @@ impl proto::opsd_server::Opsd for Service {
         let request = request.into_inner();
         let mut what = format!("start on cluster {:?}", request.cluster);
         let result = async {
-            let kind = request
-                .kind
-                .ok_or_else(|| Status::invalid_argument("no operation kind given"))?;
-            let (req, described) = to_request(kind)?;
-            what = format!("start {described} on cluster {:?}", request.cluster);
+            let (spec, described) = spec_of(&request)?;
+            what = format!("start {described}");
+            let confirmed = Some(request.plan_fingerprint.clone()).filter(|f| !f.is_empty());
             let (record, notes) = self
                 .manager
-                .start(&request.cluster, req)
+                .start(&request.cluster, spec, confirmed)
                 .await
-                .map_err(status_of)?;
+                .map_err(status_of_start)?;
             Ok(Response::new(self.record(&record, notes)))
         }
         .await;
@@ -245,7 +199,7 @@ impl proto::opsd_server::Opsd for Service {
                 .map_err(status_of)?;
             let operations = records
                 .iter()
-                .filter(|r| filter.state.is_empty() || manager::state_name(r.state) == filter.state)
+                .filter(|r| filter.state.is_empty() || state_name(r.state) == filter.state)
                 .map(|r| self.record(r, Vec::new()))
                 .collect();
             Ok(Response::new(proto::ListOperationsResponse { operations }))
@@ -323,7 +277,7 @@ impl proto::opsd_server::Opsd for Service {
                 Status::failed_precondition(format!(
                     "operation {} is not running in this daemon (it is {})",
                     record.id,
-                    manager::state_name(record.state)
+                    state_name(record.state)
                 ))
             })?;
             running.stop.cancel().map_err(|refused| {
@@ -331,7 +285,7 @@ impl proto::opsd_server::Opsd for Service {
                     .steps
                     .iter()
                     .rfind(|s| s.destructive && s.state != StepState::Pending)
-                    .map(|s| format!(" (step {:?})", s.name))
+                    .map(|s| format!(" (step {:?})", s.label()))
                     .unwrap_or_default();
                 Status::failed_precondition(format!("{refused}{step}"))
             })?;
@@ -370,7 +324,7 @@ impl Service {
             return Ok(Response::new(stream));
         }
         // Not running here: its journaled steps, then its state.
-        let events = journaled_events(&record);
+        let events = step_events(&record);
         Ok(Response::new(Box::pin(futures::stream::iter(
             events.into_iter().map(Ok),
         ))))
@@ -386,69 +340,4 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(body(tx));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
-}
-
-fn journaled_events(record: &OpRecord) -> Vec<proto::OperationEvent> {
-    let event = |ev| proto::OperationEvent {
-        operation_id: record.id.clone(),
-        event: Some(ev),
-    };
-    let mut events = Vec::new();
-    for step in record
-        .steps
-        .iter()
-        .filter(|s| s.state != StepState::Pending)
-    {
-        events.push(event(Ev::StepStarted(proto::StepStarted {
-            index: step.index as u32,
-            name: step.name.clone(),
-            destructive: step.destructive,
-        })));
-        if step.state != StepState::Running {
-            events.push(event(Ev::StepEnded(proto::StepEnded {
-                index: step.index as u32,
-                name: step.name.clone(),
-                state: manager::step_state_name(step.state),
-                duration_ms: step.duration_ms.unwrap_or_default(),
-                detail: step.detail.clone().unwrap_or_default(),
-            })));
-        }
-    }
-    events.push(event(Ev::Finished(proto::Finished {
-        state: manager::state_name(record.state),
-        error: String::new(),
-    })));
-    events
-}
-
-/// The API's view of a journaled operation.
-pub fn to_operation(record: &OpRecord, cluster: String, notes: Vec<String>) -> proto::Operation {
-    proto::Operation {
-        id: record.id.clone(),
-        cluster,
-        kind: record.kind.clone(),
-        context: record.context.clone(),
-        state: manager::state_name(record.state),
-        created: record.created.clone(),
-        updated: record.updated.clone(),
-        steps: record
-            .steps
-            .iter()
-            .map(|s| proto::Step {
-                index: s.index as u32,
-                name: s.name.clone(),
-                description: s.description.clone(),
-                destructive: s.destructive,
-                state: manager::step_state_name(s.state),
-                started: s.started.clone().unwrap_or_default(),
-                finished: s.finished.clone().unwrap_or_default(),
-                duration_ms: s.duration_ms.unwrap_or_default(),
-                detail: s.detail.clone().unwrap_or_default(),
-            })
-            .collect(),
-        params_json: record.params.to_string(),
-        facts_json: record.facts.to_string(),
-        notes,
-        ca_fingerprint: record.ca_fingerprint.clone(),
-    }
 }

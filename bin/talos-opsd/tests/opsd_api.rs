@@ -16,6 +16,7 @@ use talos_test_support::sim::{SimCluster, wait_for};
 fn retire(node: &str) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: "a".into(),
+        plan_fingerprint: String::new(),
         kind: Some(Kind::Retire(proto::RetireParams {
             node: node.into(),
             ..Default::default()
@@ -26,6 +27,7 @@ fn retire(node: &str) -> proto::StartOperationRequest {
 fn snapshot(cluster: &str) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: cluster.into(),
+        plan_fingerprint: String::new(),
         kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
     }
 }
@@ -186,6 +188,7 @@ async fn one_operation_per_cluster_and_clusters_in_parallel() {
     let join = client
         .start_operation(proto::StartOperationRequest {
             cluster: "a".into(),
+            plan_fingerprint: String::new(),
             kind: Some(Kind::Join(proto::JoinParams {
                 node: "cp-9".into(),
                 timeout_s: 120,
@@ -502,4 +505,80 @@ async fn a_malformed_config_is_refused_with_the_line() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 cluster)"));
+}
+
+/// PlanOperation changes nothing and holds nothing; a start carrying the
+/// fingerprint of a plan made before the cluster changed is refused, and
+/// one carrying the current plan's runs.
+#[tokio::test]
+async fn a_start_is_refused_when_the_cluster_no_longer_matches_its_plan() {
+    let sim = SimCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tc = sim.dir.path().join("talosconfig");
+    let d = Daemon::start(dir.path(), &cluster_toml("a", &tc, "")).await;
+    let mut client = d.client().await;
+    let leader = sim.leader().await;
+    let follower = (1..=3).map(|i| sim.ip(i)).find(|ip| *ip != leader).unwrap();
+    let request = retire(&follower);
+    let plan = client
+        .plan_operation(request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(plan.kind, "retire");
+    assert_eq!(plan.fingerprint.len(), 64, "{plan:?}");
+    let names: Vec<_> = plan.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "snapshot",
+            "forfeit",
+            "leave",
+            "reset",
+            "confirm",
+            "wait-silent"
+        ]
+    );
+    // The same cluster plans the same.
+    let again = client
+        .plan_operation(request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.fingerprint, plan.fingerprint);
+
+    // Leadership moves: the plan that was shown no longer holds.
+    sim.admin()
+        .node(leader.as_str())
+        .etcd_forfeit_leadership()
+        .await
+        .unwrap();
+    wait_for("a new leader", Duration::from_secs(30), || async {
+        (sim.leader().await != leader).then_some(())
+    })
+    .await;
+    let mut stale = request.clone();
+    stale.plan_fingerprint = plan.fingerprint.clone();
+    let refused = client.start_operation(stale).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("no longer matches the plan"),
+        "{}",
+        refused.message()
+    );
+    let journal = talos_client::ops::Journal::open(&dir.path().join("state")).unwrap();
+    assert!(journal.list(None).unwrap().is_empty(), "nothing journaled");
+    assert_eq!(
+        sim.admin()
+            .node(sim.ip(1))
+            .etcd_member_list(false)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
 }

@@ -128,6 +128,33 @@ async fn a_migrate_through_the_daemon_joins_from_maintenance_mode_and_retires() 
         bare.stderr
     );
 
+    // A join with a configuration changes a node: without --yes and
+    // without a terminal it is refused after the daemon's plan is shown,
+    // and the node stays in maintenance mode.
+    let unconfirmed = ops(
+        &tc,
+        &d.socket,
+        &[
+            "join",
+            &new.api,
+            "--config",
+            config,
+            "--cert-fingerprint",
+            &fingerprint,
+        ],
+    )
+    .await;
+    assert_eq!(unconfirmed.code, 1, "{}", unconfirmed.stderr);
+    assert!(
+        unconfirmed.stderr.contains("apply-config: apply")
+            && unconfirmed.stderr.contains("[changes the cluster]")
+            && unconfirmed.stderr.contains("pass --yes"),
+        "{}",
+        unconfirmed.stderr
+    );
+    let listed = ops(&tc, &d.socket, &["list"]).await.ok().json();
+    assert_eq!(listed, serde_json::json!([]), "nothing was started");
+
     let old = sim.ip(1);
     let run = ops(
         &tc,
@@ -158,11 +185,7 @@ async fn a_migrate_through_the_daemon_joins_from_maintenance_mode_and_retires() 
         .collect();
     assert_eq!(names[..2], ["apply-config", "wait-voter"], "{names:?}");
     assert_eq!(names.last(), Some(&"wait-silent"), "{names:?}");
-    assert!(
-        d.log_text().contains("start migrate from"),
-        "{}",
-        d.log_text()
-    );
+    assert!(d.log_text().contains("start migrate"), "{}", d.log_text());
 
     let members = sim
         .admin()

@@ -14,6 +14,7 @@ use talos_test_support::sim::{SimCluster, wait_for};
 fn retire(node: &str) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: "a".into(),
+        plan_fingerprint: String::new(),
         kind: Some(Kind::Retire(proto::RetireParams {
             node: node.into(),
             ..Default::default()
@@ -215,7 +216,7 @@ async fn an_apply_killed_during_its_try_is_left_for_a_person() {
     let file = dir.path().join("sans.yaml");
     std::fs::write(&file, config).unwrap();
     let node = sim.ip(1);
-    let point = format!("started:try:{node}");
+    let point = format!("started:try {node}");
     let mut d = Daemon::start_with(
         dir.path(),
         &cluster_toml("a", &tc, ""),
@@ -228,6 +229,7 @@ async fn an_apply_killed_during_its_try_is_left_for_a_person() {
     let _ = client
         .start_operation(proto::StartOperationRequest {
             cluster: "a".into(),
+            plan_fingerprint: String::new(),
             kind: Some(Kind::Apply(proto::ApplyParams {
                 nodes: vec![node.clone()],
                 config_path: file.display().to_string(),
@@ -258,14 +260,15 @@ async fn an_apply_killed_during_its_try_is_left_for_a_person() {
         .steps
         .iter()
         .filter(|s| s.state == "running")
-        .map(|s| s.name.as_str())
+        .map(|s| (s.name.as_str(), s.node.as_str()))
         .collect();
-    assert_eq!(in_flight, [format!("try:{node}")]);
+    assert_eq!(in_flight, [("try", node.as_str())]);
     assert!(d.log_text().contains("needs attention"), "{}", d.log_text());
     // It holds the cluster until a person resumes or abandons it.
     let refused = client
         .start_operation(proto::StartOperationRequest {
             cluster: "a".into(),
+            plan_fingerprint: String::new(),
             kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
         })
         .await

@@ -47,7 +47,12 @@ fn step_states(record: &serde_json::Value) -> Vec<(String, String)> {
         .iter()
         .map(|s| {
             (
-                s["name"].as_str().unwrap().to_string(),
+                // A step's name never holds its node: the node is a field.
+                format!(
+                    "{} {}",
+                    s["name"].as_str().unwrap(),
+                    s["node"].as_str().unwrap()
+                ),
                 s["state"].as_str().unwrap().to_string(),
             )
         })
@@ -78,9 +83,9 @@ async fn a_passing_gate_is_confirmed_and_persisted() {
     assert_eq!(
         step_states(&record),
         [
-            (format!("try:{ip}"), "done".into()),
-            (format!("gate:{ip}"), "done".into()),
-            (format!("confirm:{ip}"), "done".into()),
+            (format!("try {ip}"), "done".into()),
+            (format!("gate {ip}"), "done".into()),
+            (format!("confirm {ip}"), "done".into()),
         ]
     );
     assert!(
@@ -134,9 +139,9 @@ async fn a_failing_check_sends_nothing_more_and_the_rollback_is_verified() {
     assert_eq!(
         step_states(&record),
         [
-            (format!("try:{ip}"), "done".into()),
-            (format!("gate:{ip}"), "failed".into()),
-            (format!("confirm:{ip}"), "pending".into()),
+            (format!("try {ip}"), "done".into()),
+            (format!("gate {ip}"), "failed".into()),
+            (format!("confirm {ip}"), "pending".into()),
         ]
     );
     assert_eq!(node.active_config(), before);
@@ -163,7 +168,10 @@ async fn an_unexpected_changed_path_is_refused_before_anything_is_sent() {
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(
         run.stderr
-            .contains("changes cluster.clusterName, outside --expect-change machine.certSANs"),
+            .contains("changes cluster.clusterName, outside the expected changes machine.certSANs")
+            && run
+                .stderr
+                .contains("hint: add the path with --expect-change"),
         "{}",
         run.stderr
     );
@@ -259,8 +267,8 @@ async fn a_change_that_needs_a_reboot_is_refused_unless_allowed() {
     assert_eq!(
         step_states(&record),
         [
-            (format!("reboot:{ip}"), "done".into()),
-            (format!("wait-back:{ip}"), "done".into()),
+            (format!("reboot {ip}"), "done".into()),
+            (format!("wait-back {ip}"), "done".into()),
         ]
     );
     assert!(node.active_config().contains("token: rotated"));
@@ -271,7 +279,7 @@ async fn crash_and_resume(point: &str) {
     let f = Fixture::start(1).await;
     let ip = f.sim.ip(1);
     let file = f.config_with("sans.yaml", &[SANS]);
-    let point = format!("{point}:{ip}");
+    let point = format!("{point} {ip}");
     let args = [
         "--yes",
         "-n",
@@ -290,7 +298,7 @@ async fn crash_and_resume(point: &str) {
     );
     let record = newest(&f).await;
     let id = record["id"].as_str().unwrap().to_string();
-    let step = point.split_once(':').unwrap().1;
+    let step = point.split_once(':').unwrap().1.to_string();
     let shown = f.ops(&["show", &id]).await.ok().json();
     let in_flight: Vec<_> = step_states(&shown)
         .into_iter()
@@ -362,12 +370,12 @@ async fn several_nodes_go_one_at_a_time_and_stop_at_the_first_failure() {
     assert_eq!(
         step_states(&record),
         [
-            (format!("try:{ip1}"), "done".into()),
-            (format!("gate:{ip1}"), "failed".into()),
-            (format!("confirm:{ip1}"), "pending".into()),
-            (format!("try:{ip2}"), "pending".into()),
-            (format!("gate:{ip2}"), "pending".into()),
-            (format!("confirm:{ip2}"), "pending".into()),
+            (format!("try {ip1}"), "done".into()),
+            (format!("gate {ip1}"), "failed".into()),
+            (format!("confirm {ip1}"), "pending".into()),
+            (format!("try {ip2}"), "pending".into()),
+            (format!("gate {ip2}"), "pending".into()),
+            (format!("confirm {ip2}"), "pending".into()),
         ]
     );
     for name in ["cp-1", "cp-2"] {
@@ -394,7 +402,7 @@ async fn a_crash_after_the_reboot_answered_resumes_to_the_node_back() {
         file.to_str().unwrap(),
         "--allow-reboot",
     ];
-    let point = format!("answered:reboot:{ip}");
+    let point = format!("answered:reboot {ip}");
     let crashed = f.ops_with(&f.talosconfig(), &args, Some(&point)).await;
     assert_ne!(crashed.code, 0, "{}", crashed.stderr);
     let id = newest(&f).await["id"].as_str().unwrap().to_string();
@@ -403,8 +411,8 @@ async fn a_crash_after_the_reboot_answered_resumes_to_the_node_back() {
     assert_eq!(
         step_states(&resumed),
         [
-            (format!("reboot:{ip}"), "done".into()),
-            (format!("wait-back:{ip}"), "done".into()),
+            (format!("reboot {ip}"), "done".into()),
+            (format!("wait-back {ip}"), "done".into()),
         ]
     );
     assert!(

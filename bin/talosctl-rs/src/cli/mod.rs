@@ -27,6 +27,8 @@ pub mod health;
 pub mod kubeconfig;
 pub mod misc;
 pub mod ops;
+mod ops_hint;
+mod ops_output;
 mod opsd_client;
 pub mod reset;
 pub mod snapshot;
@@ -334,6 +336,9 @@ pub fn hint(error: &anyhow::Error) -> Option<String> {
     }
     if error.downcast_ref::<Usage>().is_some() {
         return Some("see --help for the command's usage".into());
+    }
+    if let Some(e) = error.downcast_ref::<talos_client::ops::OpsError>() {
+        return ops_hint::hint(e);
     }
     None
 }

@@ -3,24 +3,25 @@
 //! stderr step by step; the result to stdout (`-o json` for scripts).
 //! Refusals exit 1 with the reason and change nothing.
 
-use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use talos_client::ops::{
-    ApplyOptions, Event, JoinOptions, MaintenanceApply, MigrateOptions, OpRecord, Ops, Plan,
-    RetireOptions, SnapshotOptions, StepState, default_state_dir,
+    ApplyOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpSpec, Ops, RetireOptions,
+    SnapshotOptions,
 };
+use talos_opsd_api::{PlanView, default_state_dir};
 
+use super::Global;
 use super::apply::parse_go_duration;
-use super::{Global, Output, print_structured};
+use super::ops_output::{confirm, list, print_plan, progress, report, show_plan};
 
 #[derive(clap::Args)]
 pub struct OpsArgs {
     /// Where the journal and locks live (default: $XDG_STATE_HOME/talosctl-rs,
-    /// else ~/.local/state/talosctl-rs).
+    /// else ~/.local/state/talosctl-rs, which talos-opsd uses too).
     #[arg(long, global = true)]
     pub state_dir: Option<PathBuf>,
     /// Print the plan and exit without changing anything.
@@ -59,23 +60,11 @@ pub struct MaintenanceArgs {
 }
 
 impl MaintenanceArgs {
-    fn load(self) -> anyhow::Result<Option<MaintenanceApply>> {
-        self.config
-            .map(|path| MaintenanceApply::load(&path, self.cert_fingerprint, self.insecure))
-            .transpose()
-            .map_err(Into::into)
-    }
-
-    /// What talos-opsd needs to apply it: the file (absolute, read on the
-    /// daemon's host), the pins and whether verification is skipped.
-    pub(super) fn for_daemon(&self) -> Option<(PathBuf, Vec<String>, bool)> {
-        self.config.as_ref().map(|path| {
-            (
-                std::path::absolute(path).unwrap_or_else(|_| path.clone()),
-                self.cert_fingerprint.clone(),
-                self.insecure,
-            )
-        })
+    fn spec(&self) -> Option<MaintenanceApply> {
+        let path = self.config.as_ref()?;
+        let mut apply = MaintenanceApply::pinned(path, self.cert_fingerprint.clone());
+        apply.insecure = self.insecure;
+        Some(apply)
     }
 }
 
@@ -86,9 +75,10 @@ pub enum OpsCommand {
         /// Where snapshots go (default: STATE_DIR/snapshots).
         #[arg(long)]
         dir: Option<PathBuf>,
-        /// Keep the newest N verified snapshots of this cluster (0: all).
-        #[arg(long, default_value_t = 0)]
-        keep: usize,
+        /// Keep the newest N verified snapshots of this cluster (0: all;
+        /// default: all, or the daemon's configured retention).
+        #[arg(long)]
+        keep: Option<usize>,
     },
     /// Retire a control-plane node: snapshot, forfeit, leave, reset at once.
     Retire {
@@ -103,9 +93,9 @@ pub enum OpsCommand {
         /// Where the verified snapshot goes (default: STATE_DIR/snapshots).
         #[arg(long)]
         snapshot_dir: Option<PathBuf>,
-        /// How long to wait for the node to go silent.
-        #[arg(long, default_value = "2m", value_parser = parse_go_duration)]
-        timeout: Duration,
+        /// How long to wait for the node to go silent (default 2m).
+        #[arg(long, value_parser = parse_go_duration)]
+        timeout: Option<Duration>,
     },
     /// Wait until a new node is a voting etcd member and all are healthy;
     /// with --config, first apply it to the node in maintenance mode.
@@ -113,9 +103,9 @@ pub enum OpsCommand {
         /// The node: hostname or address (host:port for a maintenance node
         /// on another port).
         node: String,
-        /// How long to wait.
-        #[arg(long, default_value = "10m", value_parser = parse_go_duration)]
-        timeout: Duration,
+        /// How long to wait (default 10m).
+        #[arg(long, value_parser = parse_go_duration)]
+        timeout: Option<Duration>,
         #[command(flatten)]
         maintenance: MaintenanceArgs,
     },
@@ -130,9 +120,9 @@ pub enum OpsCommand {
         to: String,
         #[command(flatten)]
         maintenance: MaintenanceArgs,
-        /// How long NEW may take to become a healthy voter.
-        #[arg(long, default_value = "10m", value_parser = parse_go_duration)]
-        join_timeout: Duration,
+        /// How long NEW may take to become a healthy voter (default 10m).
+        #[arg(long, value_parser = parse_go_duration)]
+        join_timeout: Option<Duration>,
         /// A system label to wipe on OLD (repeatable; default STATE and
         /// EPHEMERAL).
         #[arg(long = "wipe", value_name = "LABEL")]
@@ -140,9 +130,9 @@ pub enum OpsCommand {
         /// Where the verified snapshot goes (default: STATE_DIR/snapshots).
         #[arg(long)]
         snapshot_dir: Option<PathBuf>,
-        /// How long to wait for OLD to go silent.
-        #[arg(long, default_value = "2m", value_parser = parse_go_duration)]
-        timeout: Duration,
+        /// How long to wait for OLD to go silent (default 2m).
+        #[arg(long, value_parser = parse_go_duration)]
+        timeout: Option<Duration>,
     },
     /// Apply a configuration safely to the nodes given with -n, one at a
     /// time: dry run and guards, TRY, health gate, then confirm (or a
@@ -163,12 +153,14 @@ pub enum OpsCommand {
         /// no automatic rollback.
         #[arg(long)]
         allow_reboot: bool,
-        /// The try window: the node rolls back after it unless confirmed.
-        #[arg(long, default_value = "2m", value_parser = parse_go_duration)]
-        try_timeout: Duration,
-        /// How long a node may take to come back from a reboot.
-        #[arg(long, default_value = "10m", value_parser = parse_go_duration)]
-        reboot_timeout: Duration,
+        /// The try window: the node rolls back after it unless confirmed
+        /// (default 2m).
+        #[arg(long, value_parser = parse_go_duration)]
+        try_timeout: Option<Duration>,
+        /// How long a node may take to come back from a reboot (default
+        /// 10m).
+        #[arg(long, value_parser = parse_go_duration)]
+        reboot_timeout: Option<Duration>,
         /// A command (run with sh -c, TALOS_NODE set) that must exit 0 for
         /// the health gate to pass.
         #[arg(long, value_name = "CMD")]
@@ -198,6 +190,94 @@ pub enum OpsCommand {
     },
 }
 
+impl OpsCommand {
+    /// The operation these arguments ask for (`None` for the journal
+    /// commands); `nodes` are the global `-n` nodes. The only mapping from
+    /// the CLI's arguments to an operation: in-process and through the
+    /// daemon alike.
+    pub(super) fn spec(&self, nodes: Vec<String>) -> Option<OpSpec> {
+        let set = |target: &mut Duration, given: &Option<Duration>| {
+            if let Some(d) = given {
+                *target = *d;
+            }
+        };
+        Some(match self {
+            OpsCommand::Snapshot { dir, keep } => {
+                OpSpec::Snapshot(SnapshotOptions::new(dir.clone(), *keep))
+            }
+            OpsCommand::Retire {
+                node,
+                wipe,
+                already_left,
+                snapshot_dir,
+                timeout,
+            } => {
+                let mut o = RetireOptions::new(node);
+                if !wipe.is_empty() {
+                    o.wipe = wipe.clone();
+                }
+                o.already_left = *already_left;
+                o.snapshot_dir = snapshot_dir.clone();
+                set(&mut o.silence_timeout, timeout);
+                OpSpec::Retire(o)
+            }
+            OpsCommand::Join {
+                node,
+                timeout,
+                maintenance,
+            } => {
+                let mut o = JoinOptions::new(node);
+                set(&mut o.timeout, timeout);
+                o.maintenance = maintenance.spec();
+                OpSpec::Join(o)
+            }
+            OpsCommand::Migrate {
+                from,
+                to,
+                maintenance,
+                join_timeout,
+                wipe,
+                snapshot_dir,
+                timeout,
+            } => {
+                let mut o = MigrateOptions::new(from, to);
+                o.maintenance = maintenance.spec();
+                set(&mut o.join_timeout, join_timeout);
+                if !wipe.is_empty() {
+                    o.wipe = wipe.clone();
+                }
+                o.snapshot_dir = snapshot_dir.clone();
+                set(&mut o.silence_timeout, timeout);
+                OpSpec::Migrate(o)
+            }
+            OpsCommand::Apply {
+                file,
+                expect_change,
+                allow_issuer_change,
+                allow_reboot,
+                try_timeout,
+                reboot_timeout,
+                check,
+            } => {
+                let path = std::path::absolute(file).unwrap_or_else(|_| file.clone());
+                let mut o = ApplyOptions::new(nodes, path);
+                o.expect_change = expect_change.clone();
+                o.allow_issuer_change = *allow_issuer_change;
+                o.allow_reboot = *allow_reboot;
+                set(&mut o.try_timeout, try_timeout);
+                set(&mut o.reboot_timeout, reboot_timeout);
+                o.check = check.clone();
+                OpSpec::Apply(o)
+            }
+            OpsCommand::List
+            | OpsCommand::Show { .. }
+            | OpsCommand::Resume { .. }
+            | OpsCommand::Abandon { .. }
+            | OpsCommand::Watch { .. } => return None,
+        })
+    }
+}
+
 pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
     if super::opsd_client::dispatch(global, &args).await? {
         return Ok(());
@@ -209,106 +289,15 @@ pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
     let context = global.resolve()?;
     let (client, nodes) = global.connect()?;
     let mut ops = Ops::open(&context, client, &state_dir)?;
-    let snapshots = |dir: Option<PathBuf>| dir.unwrap_or_else(|| state_dir.join("snapshots"));
-    let plan = match args.command {
-        OpsCommand::Snapshot { dir, keep } => {
-            ops.plan_snapshot(&SnapshotOptions {
-                dir: snapshots(dir),
-                keep,
-            })
-            .await?
-        }
-        OpsCommand::Retire {
-            node,
-            wipe,
-            already_left,
-            snapshot_dir,
-            timeout,
-        } => {
-            ops.plan_retire(&RetireOptions {
-                node,
-                wipe,
-                already_left,
-                snapshot_dir: snapshots(snapshot_dir),
-                silence_timeout: timeout,
-            })
-            .await?
-        }
-        OpsCommand::Join {
-            node,
-            timeout,
-            maintenance,
-        } => {
-            ops.plan_join(&JoinOptions {
-                node,
-                timeout,
-                maintenance: maintenance.load()?,
-            })
-            .await?
-        }
-        OpsCommand::Migrate {
-            from,
-            to,
-            maintenance,
-            join_timeout,
-            wipe,
-            snapshot_dir,
-            timeout,
-        } => {
-            ops.plan_migrate(&MigrateOptions {
-                from,
-                to,
-                maintenance: maintenance.load()?,
-                join_timeout,
-                wipe,
-                snapshot_dir: snapshots(snapshot_dir),
-                silence_timeout: timeout,
-            })
-            .await?
-        }
-        OpsCommand::Apply {
-            file,
-            expect_change,
-            allow_issuer_change,
-            allow_reboot,
-            try_timeout,
-            reboot_timeout,
-            check,
-        } => {
-            let config = std::fs::read(&file)
-                .with_context(|| format!("reading the configuration {}", file.display()))?;
-            ops.plan_apply(&ApplyOptions {
-                nodes,
-                config_path: std::path::absolute(&file).unwrap_or(file),
-                config,
-                expect_change,
-                allow_issuer_change,
-                allow_reboot,
-                try_timeout,
-                reboot_timeout,
-                check,
-            })
-            .await?
-        }
-        OpsCommand::List => return list(global, ops.list()?),
-        OpsCommand::Show { id } => return report(global, &ops.show(&id)?),
-        OpsCommand::Resume { id } => {
-            let record = ops.resume(&id, &mut progress).await?;
-            return report(global, &record);
-        }
-        OpsCommand::Abandon { id } => {
-            let record = ops.abandon(&id)?;
-            eprintln!("operation {} abandoned", record.id);
-            return report(global, &record);
-        }
-        OpsCommand::Watch { .. } => bail!("ops watch follows a daemon's operation: pass --socket"),
+    let Some(spec) = args.command.spec(nodes) else {
+        return journal_command(global, &mut ops, args.command).await;
     };
-    show_plan(&plan);
+    // The lock is taken here and held by the plan through the prompt.
+    let plan = ops.plan(&spec).await?;
+    let view = PlanView::from(&plan);
+    show_plan(&view);
     if args.plan {
-        if global.output != Output::Table {
-            print_structured(global.output, &plan)?;
-        }
-        return Ok(());
+        return print_plan(global, &view);
     }
     if plan.is_destructive() && !args.yes {
         confirm()?;
@@ -317,141 +306,24 @@ pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
     report(global, &record)
 }
 
-fn show_plan(plan: &Plan) {
-    eprintln!("plan ({} steps):", plan.steps.len());
-    for (i, step) in plan.steps.iter().enumerate() {
-        let mark = if step.destructive {
-            " [changes the cluster]"
-        } else {
-            ""
-        };
-        eprintln!("  {}. {}: {}{mark}", i + 1, step.name, step.description);
-    }
-    for note in &plan.notes {
-        eprintln!("note: {note}");
-    }
-}
-
-pub(super) fn confirm() -> anyhow::Result<()> {
-    if !std::io::stdin().is_terminal() {
-        bail!("this operation changes the cluster: pass --yes to run it without a terminal");
-    }
-    eprint!("proceed? [y/N] ");
-    std::io::stderr().flush()?;
-    let mut answer = String::new();
-    std::io::stdin().read_line(&mut answer)?;
-    if !matches!(answer.trim(), "y" | "Y" | "yes") {
-        bail!("not confirmed: nothing was changed");
-    }
-    Ok(())
-}
-
-/// Step-by-step progress on stderr. `TALOSCTL_RS_TEST_CRASH=started:STEP`
-/// or `answered:STEP` aborts the process at that point, as a crash would
-/// (for the crash-safety tests).
-pub(super) fn progress(event: Event<'_>) {
-    let crash_at = std::env::var("TALOSCTL_RS_TEST_CRASH").ok();
-    let point = match event {
-        Event::Started { id } => {
-            eprintln!("operation {id}");
-            None
+async fn journal_command(
+    global: &Global,
+    ops: &mut Ops,
+    command: OpsCommand,
+) -> anyhow::Result<()> {
+    match command {
+        OpsCommand::List => list(global, ops.list()?),
+        OpsCommand::Show { id } => report(global, &ops.show(&id)?),
+        OpsCommand::Resume { id } => {
+            let record = ops.resume(&id, &mut progress).await?;
+            report(global, &record)
         }
-        Event::StepStarted { index, name, .. } => {
-            eprintln!("[{}] {name} ...", index + 1);
-            Some(format!("started:{name}"))
+        OpsCommand::Abandon { id } => {
+            let record = ops.abandon(&id)?;
+            eprintln!("operation {} abandoned", record.id);
+            report(global, &record)
         }
-        Event::StepAnswered { name, .. } => Some(format!("answered:{name}")),
-        Event::StepEnded {
-            index,
-            name,
-            state,
-            duration_ms,
-            detail,
-        } => {
-            let word = match state {
-                StepState::Done => "done",
-                StepState::Skipped => "skipped",
-                StepState::Failed => "FAILED",
-                _ => "?",
-            };
-            eprintln!(
-                "[{}] {name} {word} in {duration_ms} ms: {detail}",
-                index + 1
-            );
-            None
-        }
-        _ => None,
-    };
-    if let (Some(point), Some(crash)) = (point, crash_at.as_deref())
-        && point == crash
-    {
-        std::process::abort();
+        OpsCommand::Watch { .. } => bail!("ops watch follows a daemon's operation: pass --socket"),
+        _ => bail!("not a journal command"),
     }
-}
-
-pub(super) fn report(global: &Global, record: &OpRecord) -> anyhow::Result<()> {
-    if global.output != Output::Table {
-        return print_structured(global.output, record);
-    }
-    outln!(
-        "operation {} ({}) {:?} on context {:?}",
-        record.id,
-        record.kind,
-        record.state,
-        record.context
-    );
-    for step in &record.steps {
-        let took = step
-            .duration_ms
-            .map(|d| format!(" in {d} ms"))
-            .unwrap_or_default();
-        outln!(
-            "  {}. {:<12} {:?}{took}{}",
-            step.index + 1,
-            step.name,
-            step.state,
-            step.detail
-                .as_deref()
-                .map(|d| format!(": {d}"))
-                .unwrap_or_default()
-        );
-    }
-    if let Some(gap) = record
-        .facts
-        .get("leave_to_reset_gap_ms")
-        .and_then(|g| g.as_f64())
-    {
-        outln!("leave_to_reset_gap_ms: {gap:.1}");
-    }
-    if let Some(step) = record.in_flight() {
-        outln!(
-            "in flight: {} (started {})",
-            step.name,
-            step.started.as_deref().unwrap_or("?")
-        );
-    }
-    Ok(())
-}
-
-pub(super) fn list(global: &Global, records: Vec<OpRecord>) -> anyhow::Result<()> {
-    if global.output != Output::Table {
-        return print_structured(global.output, &records);
-    }
-    let mut table = super::table::Table::new(&["ID", "KIND", "STATE", "CREATED", "AT STEP"]);
-    for r in records {
-        let at = r
-            .in_flight()
-            .or_else(|| r.steps.iter().find(|s| s.state == StepState::Failed))
-            .map(|s| s.name.clone())
-            .unwrap_or_default();
-        table.row(vec![
-            r.id.clone(),
-            r.kind.clone(),
-            format!("{:?}", r.state),
-            r.created.clone(),
-            at,
-        ]);
-    }
-    out!("{}", table.render());
-    Ok(())
 }

@@ -7,22 +7,25 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use serde_json::json;
-use talos_client::ops::{Event, OpRecord, StepState};
-use talos_opsd::proto::operation_event::Event as Ev;
-use talos_opsd::proto::opsd_client::OpsdClient;
-use talos_opsd::proto::{self, start_operation_request::Kind};
+use talos_client::ops::Event;
+use talos_opsd_api::proto::operation_event::Event as Ev;
+use talos_opsd_api::proto::opsd_client::OpsdClient;
+use talos_opsd_api::{PlanView, parse_step_state, proto, record_from_proto, spec_to_proto};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::Global;
-use super::ops::{OpsArgs, OpsCommand, confirm, list, progress, report};
+use super::ops::{OpsArgs, OpsCommand};
+use super::ops_output::{confirm, list, print_plan, progress, report, show_plan};
 
 /// Runs the command through the daemon; `false` when it is to run in this
-/// process (`--local`, no socket, no daemon answering, or `--plan`).
+/// process (`--local`, no socket, or no daemon answering). An operation is
+/// planned by the daemon first (PlanOperation), shown and confirmed as an
+/// in-process one is, then started with the plan's fingerprint: the daemon
+/// refuses it if the cluster changed in between.
 pub async fn dispatch(global: &Global, args: &OpsArgs) -> anyhow::Result<bool> {
     let watch = matches!(args.command, OpsCommand::Watch { .. });
     let socket = match (&args.socket, args.local) {
-        (Some(socket), false) if !args.plan => socket,
+        (Some(socket), false) => socket,
         _ if watch => bail!("ops watch follows a daemon's operation: pass --socket, not --local"),
         _ => return Ok(false),
     };
@@ -38,144 +41,77 @@ pub async fn dispatch(global: &Global, args: &OpsArgs) -> anyhow::Result<bool> {
         Err(e) => return Err(e),
     };
     let cluster = global.resolve()?.name;
-    let local_only = |what: &str| -> anyhow::Result<bool> {
-        bail!("{what} is not available through talos-opsd: pass --local")
+    let nodes = match args.command {
+        OpsCommand::Apply { .. } => global.connect()?.1,
+        _ => Vec::new(),
     };
-    let kind = match &args.command {
-        OpsCommand::Snapshot { dir: Some(_), .. } => {
-            return local_only("--dir (the daemon uses its configured snapshot directory)");
-        }
-        OpsCommand::Snapshot { keep, .. } => Kind::Snapshot(proto::SnapshotParams {
-            keep: u32::try_from(*keep).unwrap_or(u32::MAX),
-        }),
-        OpsCommand::Retire {
-            snapshot_dir: Some(_),
-            ..
-        } => return local_only("--snapshot-dir"),
-        OpsCommand::Retire {
-            node,
-            wipe,
-            already_left,
-            timeout,
-            ..
-        } => {
-            if !args.yes {
-                eprintln!("talos-opsd will retire {node} (snapshot, forfeit, leave, reset)");
-                confirm()?;
-            }
-            Kind::Retire(proto::RetireParams {
-                node: node.clone(),
-                wipe: wipe.clone(),
-                already_left: *already_left,
-                silence_timeout_s: secs(*timeout),
-            })
-        }
-        OpsCommand::Join {
-            node,
-            timeout,
-            maintenance,
-        } => Kind::Join(proto::JoinParams {
-            node: node.clone(),
-            timeout_s: secs(*timeout),
-            maintenance: maintenance_config(maintenance),
-        }),
-        OpsCommand::Apply { check: Some(_), .. } => return local_only("apply --check"),
-        OpsCommand::Apply {
-            file,
-            expect_change,
-            allow_issuer_change,
-            allow_reboot,
-            try_timeout,
-            reboot_timeout,
-            ..
-        } => {
-            if !args.yes {
-                eprintln!("talos-opsd will apply {} on trial", file.display());
-                confirm()?;
-            }
-            let path = std::path::absolute(file).unwrap_or_else(|_| file.clone());
-            Kind::Apply(proto::ApplyParams {
-                nodes: global.connect()?.1,
-                config_path: path.display().to_string(),
-                expect_change: expect_change.clone(),
-                allow_issuer_change: *allow_issuer_change,
-                allow_reboot: *allow_reboot,
-                try_timeout_s: secs(*try_timeout),
-                reboot_timeout_s: secs(*reboot_timeout),
-            })
-        }
-        OpsCommand::Migrate {
-            snapshot_dir: Some(_),
-            ..
-        } => return local_only("--snapshot-dir"),
-        OpsCommand::Migrate {
-            from,
-            to,
-            maintenance,
-            join_timeout,
-            wipe,
-            timeout,
-            ..
-        } => {
-            if !args.yes {
-                eprintln!(
-                    "talos-opsd will join {to}, then retire {from} (snapshot, forfeit, leave, reset)"
-                );
-                confirm()?;
-            }
-            Kind::Migrate(proto::MigrateParams {
-                from: from.clone(),
-                to: to.clone(),
-                maintenance: maintenance_config(maintenance),
-                join_timeout_s: secs(*join_timeout),
-                wipe: wipe.clone(),
-                silence_timeout_s: secs(*timeout),
-            })
-        }
-        OpsCommand::Resume { .. } | OpsCommand::Abandon { .. } => {
-            return local_only(
-                "resume and abandon (the daemon resumes interrupted operations when it starts)",
-            );
-        }
+    let Some(spec) = args.command.spec(nodes) else {
+        journal_command(global, &mut client, &cluster, &args.command).await?;
+        return Ok(true);
+    };
+    let kind = spec_to_proto(&spec).map_err(|e| anyhow::anyhow!("{e}: pass --local"))?;
+    let mut request = proto::StartOperationRequest {
+        cluster,
+        kind: Some(kind),
+        plan_fingerprint: String::new(),
+    };
+    let plan = PlanView::from(
+        client
+            .plan_operation(request.clone())
+            .await
+            .map_err(status)?
+            .into_inner(),
+    );
+    show_plan(&plan);
+    if args.plan {
+        print_plan(global, &plan)?;
+        return Ok(true);
+    }
+    if plan.is_destructive() && !args.yes {
+        confirm()?;
+    }
+    request.plan_fingerprint = plan.fingerprint.clone();
+    let started = client
+        .start_operation(request)
+        .await
+        .map_err(status)?
+        .into_inner();
+    follow(global, &mut client, &started.id).await?;
+    Ok(true)
+}
+
+async fn journal_command(
+    global: &Global,
+    client: &mut OpsdClient<Channel>,
+    cluster: &str,
+    command: &OpsCommand,
+) -> anyhow::Result<()> {
+    match command {
         OpsCommand::List => {
             let ops = client
                 .list_operations(proto::ListOperationsRequest {
-                    cluster,
+                    cluster: cluster.into(),
                     state: String::new(),
                 })
                 .await
                 .map_err(status)?
                 .into_inner()
                 .operations;
-            list(
-                global,
-                ops.into_iter().map(record).collect::<Result<_, _>>()?,
-            )?;
-            return Ok(true);
+            let records = ops
+                .into_iter()
+                .map(record_from_proto)
+                .collect::<Result<_, _>>()?;
+            list(global, records)
         }
         OpsCommand::Show { id } => {
-            let op = get(&mut client, id).await?;
-            report(global, &record(op)?)?;
-            return Ok(true);
+            let op = get(client, id).await?;
+            report(global, &record_from_proto(op)?)
         }
-        OpsCommand::Watch { id } => {
-            follow(global, &mut client, id).await?;
-            return Ok(true);
-        }
-    };
-    let started = client
-        .start_operation(proto::StartOperationRequest {
-            cluster,
-            kind: Some(kind),
-        })
-        .await
-        .map_err(status)?
-        .into_inner();
-    for note in &started.notes {
-        eprintln!("note: {note}");
+        OpsCommand::Watch { id } => follow(global, client, id).await,
+        _ => bail!(
+            "resume and abandon are not available through talos-opsd (the daemon resumes interrupted operations when it starts): pass --local"
+        ),
     }
-    follow(global, &mut client, &started.id).await?;
-    Ok(true)
 }
 
 /// Prints the operation's steps as they happen, then its record; fails
@@ -194,12 +130,14 @@ async fn follow(global: &Global, client: &mut OpsdClient<Channel>, id: &str) -> 
             Some(Ev::StepStarted(s)) => progress(Event::StepStarted {
                 index: s.index as usize,
                 name: &s.name,
+                node: (!s.node.is_empty()).then_some(s.node.as_str()),
                 destructive: s.destructive,
             }),
             Some(Ev::StepEnded(s)) => progress(Event::StepEnded {
                 index: s.index as usize,
                 name: &s.name,
-                state: parse_state(&s.state)?,
+                node: (!s.node.is_empty()).then_some(s.node.as_str()),
+                state: parse_step_state(&s.state)?,
                 duration_ms: s.duration_ms,
                 detail: &s.detail,
             }),
@@ -207,7 +145,7 @@ async fn follow(global: &Global, client: &mut OpsdClient<Channel>, id: &str) -> 
             None => {}
         }
     }
-    let record = record(get(client, &full).await?)?;
+    let record = record_from_proto(get(client, &full).await?)?;
     if !error.is_empty() {
         bail!("{error}");
     }
@@ -222,64 +160,13 @@ async fn get(client: &mut OpsdClient<Channel>, id: &str) -> anyhow::Result<proto
         .into_inner())
 }
 
-/// A daemon's refusal as the CLI reports refusals: its message.
+/// A daemon's refusal as the CLI reports refusals: the typed refusal when
+/// the daemon sent one (so the same hint follows), else its message.
 fn status(status: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{}", status.message())
-}
-
-fn maintenance_config(args: &super::ops::MaintenanceArgs) -> Option<proto::MaintenanceConfig> {
-    args.for_daemon().map(
-        |(path, cert_fingerprints, insecure)| proto::MaintenanceConfig {
-            config_path: path.display().to_string(),
-            cert_fingerprints,
-            insecure,
-        },
-    )
-}
-
-fn secs(d: Duration) -> u32 {
-    u32::try_from(d.as_secs()).unwrap_or(u32::MAX).max(1)
-}
-
-fn parse_state(state: &str) -> anyhow::Result<StepState> {
-    serde_json::from_value(json!(state)).with_context(|| format!("step state {state:?}"))
-}
-
-/// The daemon's view of an operation as the journal's record.
-fn record(op: proto::Operation) -> anyhow::Result<OpRecord> {
-    let opt = |s: String| (!s.is_empty()).then_some(s);
-    let steps: Vec<_> = op
-        .steps
-        .into_iter()
-        .map(|s| {
-            let ended = !s.finished.is_empty();
-            json!({
-                "index": s.index,
-                "name": s.name,
-                "description": s.description,
-                "destructive": s.destructive,
-                "state": s.state,
-                "started": opt(s.started),
-                "finished": opt(s.finished),
-                "duration_ms": ended.then_some(s.duration_ms),
-                "detail": opt(s.detail),
-            })
-        })
-        .collect();
-    let parse = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap_or_default();
-    serde_json::from_value(json!({
-        "id": op.id,
-        "kind": op.kind,
-        "context": op.context,
-        "ca_fingerprint": op.ca_fingerprint,
-        "params": parse(&op.params_json),
-        "facts": parse(&op.facts_json),
-        "state": op.state,
-        "created": op.created,
-        "updated": op.updated,
-        "steps": steps,
-    }))
-    .context("the daemon's operation record")
+    match talos_opsd_api::refusal_of(&status) {
+        Some(refusal) => talos_client::ops::OpsError::Refused(refusal).into(),
+        None => anyhow::anyhow!("{}", status.message()),
+    }
 }
 
 async fn connect(path: &Path) -> anyhow::Result<OpsdClient<Channel>> {

@@ -1,6 +1,6 @@
-//! Compiles the daemon's own API (`proto/opsd/v1/opsd.proto` at the
-//! workspace root) with protox (no `protoc` needed) and tonic-prost-build:
-//! server stubs for the daemon, client stubs for its tests and callers.
+//! Compiles the daemon's API (`proto/opsd/v1/opsd.proto` at the workspace
+//! root) with protox (no `protoc` needed) and tonic-prost-build: server
+//! stubs for the daemon, client stubs for the CLI and the tests.
 
 use std::io;
 

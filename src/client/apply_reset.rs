@@ -1,4 +1,5 @@
-//! Calls that change a node: apply-config, reset, reboot, shutdown. None of
+//! Calls that change a node: apply-config, reset, reboot, shutdown (the
+//! requests and modes of applying a configuration and of resetting). None of
 //! them is ever retried.
 
 use std::fmt;

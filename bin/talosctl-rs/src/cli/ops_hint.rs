@@ -1,0 +1,64 @@
+//! The `hint:` line under an operation's refusal: the flags and commands of
+//! this CLI that answer it (the library's messages name none).
+
+use talos_client::ops::{OpsError, Refusal};
+
+/// The hint for an operations error, if this CLI has one.
+pub fn hint(error: &OpsError) -> Option<String> {
+    let text = match error {
+        OpsError::Refused(refusal) => return refusal_hint(refusal).map(str::to_string),
+        OpsError::Busy { .. } => {
+            "wait until it ends (`talosctl-rs ops list` shows it), then plan again"
+        }
+        OpsError::Interrupted { id, .. } => {
+            return Some(format!(
+                "`talosctl-rs ops resume {id}` or `talosctl-rs ops abandon {id}`"
+            ));
+        }
+        OpsError::EarlierFormat { id, .. } => {
+            return Some(format!(
+                "`talosctl-rs ops abandon {id}`, or finish it with the talosctl-rs that started it"
+            ));
+        }
+        OpsError::LaterFormat { .. } => "pass another --state-dir, or use the newer talosctl-rs",
+        _ => return None,
+    };
+    Some(text.to_string())
+}
+
+fn refusal_hint(refusal: &Refusal) -> Option<&'static str> {
+    Some(match refusal {
+        Refusal::NotMember { .. } => {
+            "if the node already left etcd, pass --already-left to only reset it"
+        }
+        Refusal::StillMember { .. } => "drop --already-left: the retire leaves etcd first",
+        Refusal::LearnerCatchingUp { .. } => {
+            "`talosctl-rs ops join NODE` waits until the learner is a voter"
+        }
+        Refusal::OnlyEndpoint { .. } => {
+            "add another endpoint first: `talosctl-rs config add-endpoint`"
+        }
+        Refusal::AlreadyVoter { .. } => "use `talosctl-rs ops retire OLD`",
+        Refusal::MaintenanceUnverified { .. } => {
+            "pin the node with --cert-fingerprint FP (the node prints it), or pass --insecure to skip verification"
+        }
+        Refusal::PinsAndInsecure => "pass either --cert-fingerprint or --insecure",
+        Refusal::AlreadyMember { .. } => "drop --config: the node already runs a configuration",
+        Refusal::NoNodes => "pass the nodes with --nodes (-n)",
+        Refusal::UnexpectedChange { .. } => {
+            "add the path with --expect-change once the change is understood"
+        }
+        Refusal::IssuerChange { .. } => {
+            "pin the issuer in the file, or pass --allow-issuer-change to break the existing tokens"
+        }
+        Refusal::NeedsReboot { .. } => {
+            "pass --allow-reboot to apply it with a reboot and no automatic rollback"
+        }
+        Refusal::ResetOfVoter { .. } => {
+            "use --graceful to leave etcd first, or `talosctl-rs ops retire NODE` (verified snapshot, forfeit, leave, reset); --force resets anyway"
+        }
+        Refusal::MembershipUnknown { .. } => "pass --force to reset anyway",
+        Refusal::PlanChanged { .. } => "run the command again to see the new plan",
+        _ => return None,
+    })
+}

@@ -1,0 +1,177 @@
+//! How `talosctl-rs ops` shows plans, progress, records and lists: the
+//! same for an operation run in this process and one run by talos-opsd.
+
+use std::io::{IsTerminal as _, Write as _};
+
+use anyhow::bail;
+use talos_client::ops::{Event, OpRecord, StepState};
+use talos_opsd_api::PlanView;
+
+use super::{Global, Output, print_structured};
+
+/// `NAME` or `NAME NODE`.
+fn label(name: &str, node: Option<&str>) -> String {
+    match node {
+        Some(node) => format!("{name} {node}"),
+        None => name.to_string(),
+    }
+}
+
+/// The plan on stderr (and with `-o json|yaml` on stdout when only the
+/// plan was asked for).
+pub(super) fn show_plan(plan: &PlanView) {
+    eprintln!("plan ({} steps):", plan.steps.len());
+    for (i, step) in plan.steps.iter().enumerate() {
+        let mark = if step.destructive {
+            " [changes the cluster]"
+        } else {
+            ""
+        };
+        eprintln!(
+            "  {}. {}: {}{mark}",
+            i + 1,
+            label(&step.name, step.node.as_deref()),
+            step.description
+        );
+    }
+    for note in &plan.notes {
+        eprintln!("note: {note}");
+    }
+}
+
+/// `--plan`: the plan alone, structured on stdout when asked.
+pub(super) fn print_plan(global: &Global, plan: &PlanView) -> anyhow::Result<()> {
+    if global.output != Output::Table {
+        print_structured(global.output, plan)?;
+    }
+    Ok(())
+}
+
+pub(super) fn confirm() -> anyhow::Result<()> {
+    if !std::io::stdin().is_terminal() {
+        bail!("this operation changes the cluster: pass --yes to run it without a terminal");
+    }
+    eprint!("proceed? [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    if !matches!(answer.trim(), "y" | "Y" | "yes") {
+        bail!("not confirmed: nothing was changed");
+    }
+    Ok(())
+}
+
+/// Step-by-step progress on stderr. `TALOSCTL_RS_TEST_CRASH=started:STEP`
+/// or `answered:STEP` (STEP as labelled: `leave`, `try NODE`) aborts the
+/// process at that point, as a crash would (for the crash-safety tests).
+pub(super) fn progress(event: Event<'_>) {
+    let crash_at = std::env::var("TALOSCTL_RS_TEST_CRASH").ok();
+    let point = match event {
+        Event::Started { id } => {
+            eprintln!("operation {id}");
+            None
+        }
+        Event::StepStarted {
+            index, name, node, ..
+        } => {
+            let step = label(name, node);
+            eprintln!("[{}] {step} ...", index + 1);
+            Some(format!("started:{step}"))
+        }
+        Event::StepAnswered { name, node, .. } => Some(format!("answered:{}", label(name, node))),
+        Event::StepEnded {
+            index,
+            name,
+            node,
+            state,
+            duration_ms,
+            detail,
+        } => {
+            let word = match state {
+                StepState::Done => "done",
+                StepState::Skipped => "skipped",
+                StepState::Failed => "FAILED",
+                _ => "?",
+            };
+            eprintln!(
+                "[{}] {} {word} in {duration_ms} ms: {detail}",
+                index + 1,
+                label(name, node)
+            );
+            None
+        }
+        _ => None,
+    };
+    if let (Some(point), Some(crash)) = (point, crash_at.as_deref())
+        && point == crash
+    {
+        std::process::abort();
+    }
+}
+
+pub(super) fn report(global: &Global, record: &OpRecord) -> anyhow::Result<()> {
+    if global.output != Output::Table {
+        return print_structured(global.output, record);
+    }
+    outln!(
+        "operation {} ({}) {:?} on context {:?}",
+        record.id,
+        record.kind,
+        record.state,
+        record.context
+    );
+    for step in &record.steps {
+        let took = step
+            .duration_ms
+            .map(|d| format!(" in {d} ms"))
+            .unwrap_or_default();
+        outln!(
+            "  {}. {:<12} {:?}{took}{}",
+            step.index + 1,
+            step.label(),
+            step.state,
+            step.detail
+                .as_deref()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(gap) = record
+        .facts
+        .get("leave_to_reset_gap_ms")
+        .and_then(|g| g.as_f64())
+    {
+        outln!("leave_to_reset_gap_ms: {gap:.1}");
+    }
+    if let Some(step) = record.in_flight() {
+        outln!(
+            "in flight: {} (started {})",
+            step.label(),
+            step.started.as_deref().unwrap_or("?")
+        );
+    }
+    Ok(())
+}
+
+pub(super) fn list(global: &Global, records: Vec<OpRecord>) -> anyhow::Result<()> {
+    if global.output != Output::Table {
+        return print_structured(global.output, &records);
+    }
+    let mut table = super::table::Table::new(&["ID", "KIND", "STATE", "CREATED", "AT STEP"]);
+    for r in records {
+        let at = r
+            .in_flight()
+            .or_else(|| r.steps.iter().find(|s| s.state == StepState::Failed))
+            .map(|s| s.label())
+            .unwrap_or_default();
+        table.row(vec![
+            r.id.clone(),
+            r.kind.clone(),
+            format!("{:?}", r.state),
+            r.created.clone(),
+            at,
+        ]);
+    }
+    out!("{}", table.render());
+    Ok(())
+}

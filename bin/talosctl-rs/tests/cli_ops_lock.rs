@@ -1,0 +1,149 @@
+//! Two admins on one state directory: the first plans a retire and waits at
+//! its prompt on a terminal (a pseudo-terminal here); the second operation
+//! is refused at plan time, naming the first, and nothing changes. The lock
+//! is taken before the preflight and held through the prompt.
+
+use std::io::{Read as _, Write as _};
+use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use talos_test_support::cli::command;
+
+mod ops_fixture;
+
+use ops_fixture::Fixture;
+
+/// A pseudo-terminal: (controller, terminal).
+fn openpty() -> (OwnedFd, OwnedFd) {
+    let (mut controller, mut terminal) = (-1, -1);
+    // SAFETY: openpty writes two new descriptors into the given ints; the
+    // name, termios and window size pointers may be null.
+    let rc = unsafe {
+        libc::openpty(
+            &mut controller,
+            &mut terminal,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors are new and owned by nobody else.
+    unsafe {
+        (
+            OwnedFd::from_raw_fd(controller),
+            OwnedFd::from_raw_fd(terminal),
+        )
+    }
+}
+
+/// Everything the terminal shows, read on a thread, until `needle` appears
+/// or the deadline passes.
+struct Screen {
+    text: String,
+    chunks: mpsc::Receiver<String>,
+}
+
+impl Screen {
+    fn new(controller: std::fs::File) -> Screen {
+        let (tx, chunks) = mpsc::channel();
+        let mut controller = controller;
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = controller.read(&mut buf) {
+                if n == 0
+                    || tx
+                        .send(String::from_utf8_lossy(&buf[..n]).into_owned())
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        Screen {
+            text: String::new(),
+            chunks,
+        }
+    }
+
+    fn wait_for(&mut self, needle: &str, within: Duration) -> &str {
+        let deadline = Instant::now() + within;
+        while !self.text.contains(needle) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.chunks.recv_timeout(left) {
+                Ok(chunk) => self.text.push_str(&chunk),
+                Err(_) => panic!("{needle:?} not shown within {within:?}:\n{}", self.text),
+            }
+        }
+        &self.text
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_operation_is_refused_while_the_first_waits_at_its_prompt() {
+    let f = Fixture::start(3).await;
+    let before = f.members().await;
+    let (controller, terminal) = openpty();
+    let mut first = command(&f.talosconfig());
+    first
+        .args(["ops", "--state-dir"])
+        .arg(f.state.path())
+        .args(["retire", "cp-3"])
+        .stdin(Stdio::from(terminal.try_clone().unwrap()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(terminal));
+    let mut first = first.spawn().unwrap();
+    drop(first.stdin.take());
+    let controller = std::fs::File::from(controller);
+    let mut answer = controller.try_clone().unwrap();
+    let mut screen = Screen::new(controller);
+    let shown = tokio::task::block_in_place(|| {
+        screen
+            .wait_for("proceed? [y/N]", Duration::from_secs(60))
+            .to_string()
+    });
+    assert!(shown.contains("reset"), "the plan is shown first: {shown}");
+
+    // Admin B, same state directory, another node: refused at plan time.
+    let second = f.ops(&["--yes", "retire", "cp-2"]).await;
+    assert_eq!(second.code, 1, "{}", second.stderr);
+    assert!(
+        second
+            .stderr
+            .contains("another operation holds this cluster")
+            && second.stderr.contains(&format!("(pid {})", first.id())),
+        "{}",
+        second.stderr
+    );
+    let snapshot = f.ops(&["--yes", "snapshot"]).await;
+    assert_eq!(
+        snapshot.code, 1,
+        "even a snapshot waits: {}",
+        snapshot.stderr
+    );
+
+    // A declines: nothing changed, nothing journaled.
+    answer.write_all(b"n\n").unwrap();
+    let status = tokio::task::spawn_blocking(move || first.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(1));
+    let shown = tokio::task::block_in_place(|| {
+        screen
+            .wait_for("nothing was changed", Duration::from_secs(30))
+            .to_string()
+    });
+    assert!(shown.contains("not confirmed"), "{shown}");
+    assert_eq!(f.members().await, before);
+    assert_eq!(
+        f.ops(&["list"]).await.ok().json(),
+        serde_json::json!([]),
+        "a declined plan journals nothing"
+    );
+    // The lock went with A: B's plan now goes through.
+    let plan = f.ops(&["--plan", "retire", "cp-2"]).await.ok();
+    assert!(plan.stderr.contains("leave"), "{}", plan.stderr);
+}

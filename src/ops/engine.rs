@@ -1,0 +1,295 @@
+//! Running a plan: the journal record made from it, the step loop with its
+//! park and cancel boundaries, and the dispatch of each typed step to its
+//! operation (and, on resume, to its reconciler).
+
+use std::time::Instant;
+
+use super::journal::{self, StepEnd};
+use super::plan::{Facts, Step};
+use super::{
+    ClusterLock, Event, OpRecord, OpSpec, OpState, Ops, OpsError, Outcome, Plan, StepRecord,
+    StepState,
+};
+
+/// What a run needs besides the record: the typed spec, steps and facts.
+struct Typed {
+    spec: OpSpec,
+    steps: Vec<Step>,
+    facts: Facts,
+}
+
+impl Ops {
+    /// Runs `plan`, reporting progress to `observe`, under the lock the
+    /// plan holds (taken again if it was released; refused while another
+    /// operation runs or an interrupted one awaits `resume` or `abandon`).
+    pub async fn run(
+        &mut self,
+        mut plan: Plan,
+        observe: &mut (dyn FnMut(Event<'_>) + Send),
+    ) -> Result<OpRecord, OpsError> {
+        if plan.id.is_empty() {
+            plan.id = super::new_id();
+        }
+        let _lock = match plan.lock.take() {
+            Some(lock) => lock,
+            None => {
+                let lock = std::sync::Arc::new(self.lock(&plan.id)?);
+                self.refuse_if_interrupted()?;
+                lock
+            }
+        };
+        let record = self.record_of(&plan)?;
+        self.journal.create(&record)?;
+        observe(Event::Started { id: &record.id });
+        let typed = Typed {
+            spec: plan.spec,
+            steps: plan.steps.into_iter().map(|s| s.step).collect(),
+            facts: plan.facts,
+        };
+        self.drive(record, typed, false, observe).await
+    }
+
+    fn record_of(&self, plan: &Plan) -> Result<OpRecord, OpsError> {
+        let json = |what: &str, value: serde_json::Result<serde_json::Value>| {
+            value.map_err(|e| OpsError::Unreadable {
+                id: plan.id.clone(),
+                what: what.into(),
+                reason: e.to_string(),
+            })
+        };
+        let now = journal::now();
+        Ok(OpRecord {
+            id: plan.id.clone(),
+            kind: plan.kind.name().into(),
+            context: self.context.clone(),
+            ca_fingerprint: self.fingerprint.clone(),
+            params: json("params", serde_json::to_value(&plan.spec))?,
+            facts: json("facts", serde_json::to_value(&plan.facts))?,
+            format: journal::FORMAT,
+            state: OpState::Running,
+            created: now.clone(),
+            updated: now,
+            steps: plan
+                .steps
+                .iter()
+                .enumerate()
+                .map(|(index, s)| StepRecord {
+                    index,
+                    name: s.name.to_string(),
+                    node: s.node.clone(),
+                    description: s.description.clone(),
+                    destructive: s.destructive,
+                    state: StepState::Pending,
+                    started: None,
+                    finished: None,
+                    duration_ms: None,
+                    detail: None,
+                    step: Some(s.step.clone()),
+                })
+                .collect(),
+        })
+    }
+
+    /// Continues an interrupted operation: the step that was in flight is
+    /// first reconciled with the cluster (done, or sent again), then the
+    /// remaining steps run. An operation of an earlier journal format is
+    /// refused (it can only be abandoned).
+    pub async fn resume(
+        &mut self,
+        id: &str,
+        observe: &mut (dyn FnMut(Event<'_>) + Send),
+    ) -> Result<OpRecord, OpsError> {
+        let record = self.resumable(id)?;
+        let typed = Typed {
+            spec: record.spec()?,
+            steps: record.typed_steps()?,
+            facts: record.typed_facts()?,
+        };
+        let _lock: ClusterLock = self.lock(&record.id)?;
+        observe(Event::Started { id: &record.id });
+        self.drive(record, typed, true, observe).await
+    }
+
+    async fn drive(
+        &mut self,
+        record: OpRecord,
+        typed: Typed,
+        resuming: bool,
+        observe: &mut (dyn FnMut(Event<'_>) + Send),
+    ) -> Result<OpRecord, OpsError> {
+        let id = record.id.clone();
+        if resuming {
+            self.journal.set_state(&id, OpState::Running)?;
+        }
+        let Typed {
+            spec,
+            steps: typed_steps,
+            mut facts,
+        } = typed;
+        let steps = record.steps;
+        let mut started_with_previous = false;
+        if steps
+            .iter()
+            .any(|s| s.destructive && s.state != StepState::Pending)
+        {
+            self.stop.enter_destructive();
+        }
+        for (index, (step, typed_step)) in steps.iter().zip(&typed_steps).enumerate() {
+            if matches!(step.state, StepState::Done | StepState::Skipped) {
+                continue;
+            }
+            let started = Instant::now();
+            // A running step is one in flight when the process died (on
+            // resume) or one started in the same commit as the previous
+            // step's end.
+            let in_flight = step.state == StepState::Running;
+            if !in_flight && !started_with_previous {
+                self.stop_at_boundary(&id, step)?;
+                self.journal.step_started(&id, index)?;
+            }
+            let (name, node) = (step.name.as_str(), step.node.as_deref());
+            observe(Event::StepStarted {
+                index,
+                name,
+                node,
+                destructive: step.destructive,
+            });
+            let result = if in_flight && resuming {
+                self.reconcile(&spec, typed_step, &mut facts, step.started.as_deref())
+                    .await
+            } else {
+                self.execute(&spec, typed_step, &mut facts).await
+            };
+            observe(Event::StepAnswered { index, name, node });
+            let duration_ms = started.elapsed().as_millis() as u64;
+            let facts_value = serde_json::to_value(&facts).unwrap_or_default();
+            let (state, detail) = match &result {
+                Ok(outcome) => (outcome.state, outcome.detail.clone()),
+                Err(error) => (StepState::Failed, error.to_string()),
+            };
+            // A destructive next step is journaled as started in the same
+            // commit, so nothing slow sits between the two. A park or
+            // cancel stops before it, unless this step was destructive too
+            // (a sequence runs to its end).
+            let next = steps
+                .get(index + 1)
+                .filter(|_| result.is_ok())
+                .filter(|s| s.destructive)
+                .filter(|_| step.destructive || !self.stop.is_stopping())
+                .filter(|_| self.stop.enter_destructive())
+                .map(|_| index + 1);
+            let end = StepEnd {
+                state,
+                duration_ms,
+                detail: Some(&detail),
+            };
+            self.journal
+                .step_ended(&id, index, end, &facts_value, next)?;
+            observe(Event::StepEnded {
+                index,
+                name,
+                node,
+                state,
+                duration_ms,
+                detail: &detail,
+            });
+            started_with_previous = next.is_some();
+            if let Err(error) = result {
+                self.journal.set_state(&id, OpState::Failed)?;
+                return Err(match error {
+                    e @ OpsError::StepFailed { .. } => e,
+                    other => OpsError::step(&step.label(), other),
+                });
+            }
+        }
+        self.journal.set_state(&id, OpState::Succeeded)?;
+        self.journal.get(&id)
+    }
+
+    /// At a step boundary: ends the run as cancelled or parked when asked.
+    fn stop_at_boundary(&mut self, id: &str, step: &StepRecord) -> Result<(), OpsError> {
+        let stopped = match self.stop.at_boundary() {
+            None if !step.destructive || self.stop.enter_destructive() => return Ok(()),
+            None | Some(true) => {
+                self.journal.set_state(id, OpState::Cancelled)?;
+                OpsError::Cancelled {
+                    id: id.into(),
+                    step: step.label(),
+                }
+            }
+            Some(false) => OpsError::Parked {
+                id: id.into(),
+                step: step.label(),
+            },
+        };
+        Err(stopped)
+    }
+
+    async fn execute(
+        &mut self,
+        spec: &OpSpec,
+        step: &Step,
+        facts: &mut Facts,
+    ) -> Result<Outcome, OpsError> {
+        match (spec, step, facts) {
+            (OpSpec::Snapshot(_), Step::Snapshot(s), Facts::Snapshot(f)) => {
+                self.snapshot_step(*s, f).await
+            }
+            (OpSpec::Retire(_), Step::Retire(s), Facts::Retire(f)) => self.retire_step(*s, f).await,
+            (OpSpec::Join(_), Step::Join(s), Facts::Join(f)) => self.join_step(*s, f).await,
+            (OpSpec::Migrate(_), Step::Migrate(s), Facts::Migrate(f)) => {
+                self.migrate_step(*s, f).await
+            }
+            (OpSpec::Apply(o), Step::Apply(s), Facts::Apply(f)) => self.apply_step(o, s, f).await,
+            _ => Err(mismatch(spec, step)),
+        }
+    }
+
+    /// A step in flight at a crash (journaled as started at `started`):
+    /// done already, or run again where that is safe.
+    async fn reconcile(
+        &mut self,
+        spec: &OpSpec,
+        step: &Step,
+        facts: &mut Facts,
+        started: Option<&str>,
+    ) -> Result<Outcome, OpsError> {
+        let reconciled = match (spec, step, &mut *facts) {
+            (OpSpec::Retire(_), Step::Retire(s), Facts::Retire(f)) => {
+                self.reconcile_retire(*s, f).await?
+            }
+            (OpSpec::Join(_), Step::Join(s), Facts::Join(f)) => self.reconcile_join(*s, f).await?,
+            (OpSpec::Migrate(_), Step::Migrate(s), Facts::Migrate(f)) => {
+                self.reconcile_migrate(*s, f).await?
+            }
+            (OpSpec::Apply(o), Step::Apply(s), Facts::Apply(f)) => {
+                self.reconcile_apply(o, s, f, started).await?
+            }
+            _ => None,
+        };
+        match reconciled {
+            Some(outcome) => Ok(outcome),
+            // Everything else is safe to do again.
+            None => self.execute(spec, step, facts).await,
+        }
+    }
+}
+
+fn mismatch(spec: &OpSpec, step: &Step) -> OpsError {
+    OpsError::step(
+        &step.label(),
+        format!(
+            "the step and the facts do not belong to a {} operation",
+            spec.kind()
+        ),
+    )
+}
+
+/// The operations' futures are `Send`: a daemon spawns them as tasks.
+#[allow(dead_code)]
+fn futures_are_send(ops: &mut Ops, spec: &OpSpec, plan: Plan) {
+    fn send<T: Send>(_: T) {}
+    send(ops.plan(spec));
+    send(ops.run(plan, &mut |_| {}));
+    send(ops.resume("id", &mut |_| {}));
+}

@@ -1,0 +1,225 @@
+//! A plan: the typed steps an operation will take, the facts its preflight
+//! found, and a fingerprint of both with the spec, so a plan confirmed in
+//! one place (a terminal talking to a daemon) is run only while the cluster
+//! still matches it.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+
+use super::apply::{ApplyFacts, ApplyStep};
+use super::join::{JoinFacts, JoinStep};
+use super::lock::ClusterLock;
+use super::migrate::{MigrateFacts, MigrateStep};
+use super::retire::{RetireFacts, RetireStep};
+use super::snapshot::{SnapshotFacts, SnapshotStep};
+use super::{OpKind, OpSpec, OpsError};
+
+/// What every operation's step enum says about its steps.
+pub(crate) trait StepInfo {
+    /// The step's name (`snapshot`, `leave`, `try`, ...), never a node.
+    fn name(&self) -> &'static str;
+    /// Whether it changes the cluster.
+    fn destructive(&self) -> bool;
+    /// The node it acts on, when the operation has several.
+    fn node(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// One step of any operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Step {
+    /// A step of a snapshot.
+    Snapshot(SnapshotStep),
+    /// A step of a retire.
+    Retire(RetireStep),
+    /// A step of a join.
+    Join(JoinStep),
+    /// A step of a migration.
+    Migrate(MigrateStep),
+    /// A step of an apply.
+    Apply(ApplyStep),
+}
+
+impl Step {
+    fn info(&self) -> &dyn StepInfo {
+        match self {
+            Step::Snapshot(s) => s,
+            Step::Retire(s) => s,
+            Step::Join(s) => s,
+            Step::Migrate(s) => s,
+            Step::Apply(s) => s,
+        }
+    }
+
+    /// Its name (`snapshot`, `leave`, `try`, ...).
+    pub fn name(&self) -> &'static str {
+        self.info().name()
+    }
+
+    /// The node it acts on, when the operation has several (apply).
+    pub fn node(&self) -> Option<&str> {
+        self.info().node()
+    }
+
+    /// Whether it changes the cluster.
+    pub fn destructive(&self) -> bool {
+        self.info().destructive()
+    }
+
+    /// Its name, with its node when it has one (`try 10.5.0.2`).
+    pub fn label(&self) -> String {
+        label(self.name(), self.node())
+    }
+}
+
+/// `NAME` or `NAME NODE`.
+pub(crate) fn label(name: &str, node: Option<&str>) -> String {
+    match node {
+        Some(node) => format!("{name} {node}"),
+        None => name.to_string(),
+    }
+}
+
+/// What a preflight found and the steps record as they run, per operation.
+/// A fact a step needs and does not find is an error, never a default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Facts {
+    /// A snapshot's.
+    Snapshot(SnapshotFacts),
+    /// A retire's.
+    Retire(RetireFacts),
+    /// A join's.
+    Join(JoinFacts),
+    /// A migration's.
+    Migrate(MigrateFacts),
+    /// An apply's.
+    Apply(ApplyFacts),
+}
+
+/// A fact that a step needs, or the error naming it.
+pub(crate) fn need<'a, T>(fact: &'a Option<T>, name: &str) -> Result<&'a T, OpsError> {
+    fact.as_ref()
+        .ok_or_else(|| OpsError::MissingFact(name.to_string()))
+}
+
+/// One planned step.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedStep {
+    /// Its name.
+    pub name: &'static str,
+    /// The node it acts on, when the operation has several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// What it will do, in the cluster's terms.
+    pub description: String,
+    /// Whether it changes the cluster.
+    pub destructive: bool,
+    /// The typed step.
+    #[serde(skip)]
+    pub step: Step,
+}
+
+impl PlannedStep {
+    /// `step`, described.
+    pub(crate) fn new(step: Step, description: String) -> PlannedStep {
+        PlannedStep {
+            name: step.name(),
+            node: step.node().map(str::to_string),
+            description,
+            destructive: step.destructive(),
+            step,
+        }
+    }
+}
+
+/// What an operation will do, from its preflight; nothing has changed yet.
+/// While it is alive it holds the cluster's lock (taken before the
+/// preflight), so no other operation starts between the plan shown and its
+/// run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// The id the operation will be journaled under.
+    pub id: String,
+    /// The kind.
+    pub kind: OpKind,
+    /// The operation and its options, as journaled.
+    pub spec: OpSpec,
+    /// The steps, in order.
+    pub steps: Vec<PlannedStep>,
+    /// What the preflight found worth saying (e.g. an even member count).
+    pub notes: Vec<String>,
+    /// Facts the steps start from (node addresses, member ids).
+    pub facts: Facts,
+    /// sha256 (hex) of the spec, the facts, the steps and the cluster as
+    /// read by the preflight: equal plans of an unchanged cluster have
+    /// equal fingerprints.
+    pub fingerprint: String,
+    #[serde(skip)]
+    pub(crate) lock: Option<Arc<ClusterLock>>,
+}
+
+impl Plan {
+    /// A plan of `spec`, fingerprinted over `basis` (the cluster as read).
+    pub(crate) fn new(
+        spec: OpSpec,
+        steps: Vec<PlannedStep>,
+        notes: Vec<String>,
+        facts: Facts,
+        basis: &str,
+    ) -> Plan {
+        let mut plan = Plan {
+            id: String::new(),
+            kind: spec.kind(),
+            spec,
+            steps,
+            notes,
+            facts,
+            fingerprint: String::new(),
+            lock: None,
+        };
+        plan.fingerprint = plan.digest(basis);
+        plan
+    }
+
+    fn digest(&self, basis: &str) -> String {
+        let mut hasher = sha2::Sha256::new();
+        let steps: Vec<_> = self
+            .steps
+            .iter()
+            .map(|s| (&s.step, &s.description))
+            .collect();
+        for part in [
+            serde_json::to_string(&self.spec),
+            serde_json::to_string(&self.facts),
+            serde_json::to_string(&steps),
+            serde_json::to_string(&self.notes),
+        ] {
+            hasher.update(part.unwrap_or_default().as_bytes());
+            hasher.update([0]);
+        }
+        hasher.update(basis.as_bytes());
+        hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// Whether any step changes the cluster (a confirmation is due).
+    pub fn is_destructive(&self) -> bool {
+        self.steps.iter().any(|s| s.destructive)
+    }
+
+    /// Lets the cluster's lock go (the plan stays readable, and runs only
+    /// after taking the lock again).
+    pub fn release(&mut self) {
+        self.lock = None;
+    }
+}

@@ -1,0 +1,225 @@
+//! Why an operation is refused before anything changes, as a typed value a
+//! caller can match. The messages speak of the cluster, never of a tool's
+//! flags: the CLI adds its own hint.
+
+/// A preflight's (or a plain reset's guard's) reason to refuse. It
+/// serializes with its name in `refusal`, so a daemon can hand it
+/// to its caller as a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "refusal", rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The node to retire is not an etcd member.
+    #[error("{node} is not an etcd member (members: {})", .members.join(", "))]
+    NotMember {
+        /// The node as given.
+        node: String,
+        /// The members' names.
+        members: Vec<String>,
+    },
+    /// Asked to only reset a node that is still a member.
+    #[error("{node} is said to have left etcd, but it is still etcd member {member_id}")]
+    StillMember {
+        /// The node as given.
+        node: String,
+        /// Its member id.
+        member_id: String,
+    },
+    /// The node is the last voting member.
+    #[error("{node} is the last voting member")]
+    LastVoter {
+        /// Its name.
+        node: String,
+    },
+    /// A learner is still catching up.
+    #[error("learner {learner} is still catching up: wait until it is a voter")]
+    LearnerCatchingUp {
+        /// Its name.
+        learner: String,
+    },
+    /// The members' lists differ between nodes.
+    #[error("the members' lists disagree: {}", .details.join("; "))]
+    ListsDisagree {
+        /// Which node sees what.
+        details: Vec<String>,
+    },
+    /// Voters the operation relies on are unhealthy.
+    #[error("voters are unhealthy: {}", .voters.join(", "))]
+    UnhealthyVoters {
+        /// Each with its reason.
+        voters: Vec<String>,
+    },
+    /// Too few healthy voters would remain.
+    #[error("only {healthy} healthy voters would remain, fewer than a quorum of {quorum}")]
+    BelowQuorum {
+        /// Healthy voters after the removal.
+        healthy: usize,
+        /// The quorum of the remaining voters.
+        quorum: usize,
+    },
+    /// No healthy voter to take a snapshot from.
+    #[error("no healthy voting member to take a snapshot from")]
+    NoSnapshotSource,
+    /// A member without a peer or client URL.
+    #[error("member {member} has no address")]
+    NoAddress {
+        /// Its name.
+        member: String,
+    },
+    /// The node is the only API endpoint of the client's context.
+    #[error(
+        "{node} is the only endpoint of talosconfig context {context:?}: retiring it loses the API; add another endpoint first"
+    )]
+    OnlyEndpoint {
+        /// The node.
+        node: String,
+        /// The context.
+        context: String,
+    },
+    /// The node to migrate from is a learner.
+    #[error("{node} is a learner, not a voter")]
+    Learner {
+        /// The node.
+        node: String,
+    },
+    /// The node to migrate to already votes.
+    #[error("{node} is already a voting member: retire {old} on its own")]
+    AlreadyVoter {
+        /// The new node.
+        node: String,
+        /// The old node.
+        old: String,
+    },
+    /// A maintenance-mode apply neither pins nor explicitly skips the
+    /// node's certificate check.
+    #[error(
+        "{file} is applied in maintenance mode, where the node has no certificate from the cluster's CA: pin the node's certificate fingerprint (the node prints it) or skip its verification explicitly"
+    )]
+    MaintenanceUnverified {
+        /// The configuration file.
+        file: String,
+    },
+    /// Pins and an explicit skip of verification together.
+    #[error("a pinned certificate and skipping verification exclude each other")]
+    PinsAndInsecure,
+    /// The node to join with a configuration is already a member.
+    #[error(
+        "{node} is already etcd member {member_id} ({hostname}): it is not in maintenance mode"
+    )]
+    AlreadyMember {
+        /// The node.
+        node: String,
+        /// Its member id.
+        member_id: String,
+        /// Its member name.
+        hostname: String,
+    },
+    /// A configuration file does not parse.
+    #[error("{file}: {error}")]
+    BadConfig {
+        /// The file (or node).
+        file: String,
+        /// Why.
+        error: String,
+    },
+    /// The node does not answer in maintenance mode.
+    #[error("{node} does not answer in maintenance mode: {error}")]
+    NotInMaintenance {
+        /// The node.
+        node: String,
+        /// The error.
+        error: String,
+    },
+    /// No node to apply to.
+    #[error("no node to apply to")]
+    NoNodes,
+    /// A changed path outside the expected ones.
+    #[error(
+        "{node}: {file} changes {}, outside the expected changes {}: stop and find out why before applying",
+        .paths.join(", "), .expected.join(", ")
+    )]
+    UnexpectedChange {
+        /// The node.
+        node: String,
+        /// The file.
+        file: String,
+        /// The unexpected paths.
+        paths: Vec<String>,
+        /// The expected ones.
+        expected: Vec<String>,
+    },
+    /// The service-account issuer would change.
+    #[error(
+        "{node}: {cause}: every service-account token issued so far (the projected tokens of pods such as CoreDNS, the CNI agents and operators, and tokens held outside the cluster) is rejected as Unauthorized until it is renewed. Pin the issuer to {old} (a KubeServiceAccountConfig document with issuer.issuerURL: {old}, or cluster.apiServer.extraArgs.service-account-issuer)"
+    )]
+    IssuerChange {
+        /// The node.
+        node: String,
+        /// What changes, in words.
+        cause: String,
+        /// The current issuer.
+        old: String,
+    },
+    /// The change needs a reboot, so it cannot be tried.
+    #[error(
+        "{node}: {file} cannot be applied without a reboot, so it cannot be tried and rolled back. The node says: {reason}"
+    )]
+    NeedsReboot {
+        /// The node.
+        node: String,
+        /// The file.
+        file: String,
+        /// The node's words.
+        reason: String,
+    },
+    /// The node rejects the file.
+    #[error("{node} rejects {file}: {message}")]
+    NodeRejects {
+        /// The node.
+        node: String,
+        /// The file.
+        file: String,
+        /// The node's words.
+        message: String,
+    },
+    /// The planned configuration file changed since the plan.
+    #[error(
+        "{path} changed since the operation was planned: put the planned file back, or abandon the operation"
+    )]
+    FileChanged {
+        /// The file.
+        path: String,
+    },
+    /// A non-graceful reset of a voting member.
+    #[error(
+        "a non-graceful reset of {node} ({hostname}): it is still a voting etcd member. Wiping it without leaving etcd leaves a dead member that still counts: {voters} voters need {quorum} healthy, and one more failure would stop the cluster"
+    )]
+    ResetOfVoter {
+        /// The node.
+        node: String,
+        /// Its hostname.
+        hostname: String,
+        /// Voters now.
+        voters: usize,
+        /// Their quorum.
+        quorum: usize,
+    },
+    /// A reset whose target's membership cannot be read.
+    #[error("a non-graceful reset of {node}: cannot tell whether it is an etcd member ({error})")]
+    MembershipUnknown {
+        /// The node.
+        node: String,
+        /// Why.
+        error: String,
+    },
+    /// The cluster changed since the plan that was confirmed.
+    #[error(
+        "the cluster no longer matches the plan that was confirmed (fingerprint {confirmed}, now {now}): plan again"
+    )]
+    PlanChanged {
+        /// The confirmed plan's fingerprint.
+        confirmed: String,
+        /// The fingerprint of a plan made now.
+        now: String,
+    },
+}

@@ -1,0 +1,150 @@
+//! What an operation is asked to do, as one typed value: [`OpSpec`]. The
+//! CLI's arguments and the daemon's API convert into it, the journal stores
+//! it as the operation's parameters, and the planner reads only it. Each
+//! options type owns its defaults (a constructor; `None` where the
+//! operations layer fills in its configured default, such as the snapshot
+//! directory).
+
+use serde::{Deserialize, Serialize};
+
+pub use super::apply::ApplyOptions;
+pub use super::join::{JoinOptions, MaintenanceApply};
+pub use super::migrate::MigrateOptions;
+pub use super::retire::RetireOptions;
+pub use super::snapshot::SnapshotOptions;
+
+/// One operation with its options: what is planned, journaled and run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum OpSpec {
+    /// A verified snapshot with retention.
+    Snapshot(SnapshotOptions),
+    /// Retire a control-plane node.
+    Retire(RetireOptions),
+    /// Wait for a new member to become a healthy voter.
+    Join(JoinOptions),
+    /// Join a new node, then retire an old one.
+    Migrate(MigrateOptions),
+    /// Apply a configuration on trial, gate it on health, then confirm.
+    Apply(ApplyOptions),
+}
+
+/// The kinds of operation (an [`OpSpec`] without its options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum OpKind {
+    /// A verified snapshot with retention.
+    Snapshot,
+    /// Retire a control-plane node.
+    Retire,
+    /// Wait for a new member to become a healthy voter.
+    Join,
+    /// Join a new node, then retire an old one.
+    Migrate,
+    /// Apply a configuration on trial, gate it on health, then confirm.
+    Apply,
+}
+
+impl OpKind {
+    /// The kind's name as journaled (`snapshot`, `retire`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Snapshot => "snapshot",
+            OpKind::Retire => "retire",
+            OpKind::Join => "join",
+            OpKind::Migrate => "migrate",
+            OpKind::Apply => "apply",
+        }
+    }
+}
+
+impl std::fmt::Display for OpKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl OpSpec {
+    /// Its kind.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            OpSpec::Snapshot(_) => OpKind::Snapshot,
+            OpSpec::Retire(_) => OpKind::Retire,
+            OpSpec::Join(_) => OpKind::Join,
+            OpSpec::Migrate(_) => OpKind::Migrate,
+            OpSpec::Apply(_) => OpKind::Apply,
+        }
+    }
+
+    /// Whether running it may change the cluster (a confirmation is due
+    /// before it starts, whatever its plan turns out to be).
+    pub fn may_change_cluster(&self) -> bool {
+        match self {
+            OpSpec::Snapshot(_) => false,
+            OpSpec::Join(o) => o.maintenance.is_some(),
+            OpSpec::Retire(_) | OpSpec::Migrate(_) | OpSpec::Apply(_) => true,
+        }
+    }
+}
+
+/// A [`std::time::Duration`] journaled as whole milliseconds.
+pub(crate) mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize as _, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The journal's parameters are the spec itself: every variant comes
+    /// back equal, and the JSON names its kind.
+    #[test]
+    fn every_spec_round_trips_through_its_journal_form() {
+        let mut apply = ApplyOptions::new(vec!["10.5.0.2".into()], "/tmp/cp.yaml".into());
+        apply.try_timeout = Duration::from_millis(1500);
+        apply.check = Some("true".into());
+        let mut join = JoinOptions::new("10.5.0.9");
+        join.maintenance = Some(MaintenanceApply::pinned("/tmp/cp.yaml", vec!["ab".into()]));
+        let specs = [
+            OpSpec::Snapshot(SnapshotOptions::default()),
+            OpSpec::Retire(RetireOptions::new("cp-1")),
+            OpSpec::Join(join.clone()),
+            OpSpec::Migrate(MigrateOptions::new("cp-1", "10.5.0.9")),
+            OpSpec::Apply(apply),
+        ];
+        for spec in specs {
+            let json = serde_json::to_value(&spec).unwrap();
+            assert_eq!(json["op"], spec.kind().name(), "{json}");
+            let back: OpSpec = serde_json::from_value(json).unwrap();
+            assert_eq!(back, spec);
+        }
+    }
+
+    /// One default per option: the TRY window is the library's wherever
+    /// the spec comes from.
+    #[test]
+    fn defaults_live_in_the_options_types() {
+        let apply = ApplyOptions::new(vec!["n".into()], "f".into());
+        assert_eq!(apply.try_timeout, ApplyOptions::DEFAULT_TRY_TIMEOUT);
+        let retire = RetireOptions::new("n");
+        assert_eq!(retire.wipe, super::super::retire::default_wipe());
+        assert_eq!(retire.snapshot_dir, None);
+        let minimal: OpSpec =
+            serde_json::from_str(r#"{"op":"apply","nodes":["n"],"config_path":"f"}"#).unwrap();
+        assert_eq!(minimal, OpSpec::Apply(apply));
+    }
+}

@@ -16,7 +16,7 @@
 //!   compare with the sidecar ([`DrillReport`]).
 
 mod catalogue;
-// mod drill;
+mod drill;
 mod keys;
 mod metadata;
 mod pipeline;
@@ -29,7 +29,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use catalogue::{CatalogueEntry, catalogue, read_kit};
-// pub use drill::{DrillCheck, DrillOptions, DrillReport, drill};
+pub use drill::{DrillCheck, DrillOptions, DrillReport, drill};
 pub use keys::{Identity, Recipient, read_identities};
 pub use metadata::{
     BackupMetadata, CaFingerprint, Encryption, EncryptionSecret, FORMAT, KIT_SUFFIX, KitMember,

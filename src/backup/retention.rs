@@ -49,7 +49,9 @@ impl Retention {
             delete: Vec::new(),
         };
         for (_, mut group) in groups {
-            group.sort_by(|a, b| b.metadata.time.cmp(&a.metadata.time));
+            group.sort_by(|a, b| {
+                (b.metadata.time, &b.metadata.object.key).cmp(&(a.metadata.time, &a.metadata.object.key))
+            });
             let mut reasons: Vec<Vec<&'static str>> = vec![Vec::new(); group.len()];
             for (i, r) in reasons.iter_mut().enumerate().take(self.keep_last.max(1)) {
                 r.push(if i < self.keep_last { "last" } else { "newest" });
@@ -120,4 +122,111 @@ pub async fn apply_retention(
         }
     }
     Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backup::metadata::{BackupMetadata, Encryption, FORMAT, StoredObject};
+    use crate::snapshot::{SnapshotReport, Status};
+    use time::{Duration, OffsetDateTime, macros::datetime};
+
+    fn entry(store: &str, cluster: &str, time: OffsetDateTime) -> CatalogueEntry {
+        CatalogueEntry {
+            store: store.into(),
+            complete: true,
+            metadata: BackupMetadata {
+                format: FORMAT.into(),
+                cluster: cluster.into(),
+                node: "n".into(),
+                time,
+                snapshot: SnapshotReport {
+                    size: 0,
+                    sha256: String::new(),
+                    status: Status {
+                        hash: 0,
+                        revision: 1,
+                        total_keys: 1,
+                        total_entries: 1,
+                        total_size: 0,
+                    },
+                },
+                object: StoredObject {
+                    key: format!("{cluster}/{}", time.unix_timestamp()),
+                    size: 1,
+                    sha256: String::new(),
+                    compression: "zstd".into(),
+                    encryption: Encryption::None,
+                },
+                kit: None,
+                talos_version: None,
+                etcd_version: None,
+                tool_version: "0".into(),
+            },
+        }
+    }
+
+    fn kept_times(plan: &RetentionPlan) -> Vec<(OffsetDateTime, Vec<&'static str>)> {
+        let mut kept: Vec<_> = plan
+            .keep
+            .iter()
+            .map(|(e, why)| (e.metadata.time, why.clone()))
+            .collect();
+        kept.sort_by(|a, b| b.0.cmp(&a.0));
+        kept
+    }
+
+    #[test]
+    fn tiers_keep_the_newest_of_each_hour_day_and_week() {
+        let newest = datetime!(2026-03-04 10:45 UTC);
+        let entries: Vec<_> = (0..144)
+            .map(|i| entry("s3://b/p", "prod", newest - Duration::minutes(30 * i)))
+            .collect();
+        let retention = Retention {
+            keep_last: 2,
+            hourly: 3,
+            daily: 2,
+            weekly: 1,
+        };
+        let plan = retention.plan(&entries);
+        assert_eq!(
+            kept_times(&plan),
+            vec![
+                (newest, vec!["last", "hourly", "daily", "weekly"]),
+                (datetime!(2026-03-04 10:15 UTC), vec!["last"]),
+                (datetime!(2026-03-04 09:45 UTC), vec!["hourly"]),
+                (datetime!(2026-03-04 08:45 UTC), vec!["hourly"]),
+                (datetime!(2026-03-03 23:45 UTC), vec!["daily"]),
+            ]
+        );
+        assert_eq!(plan.delete.len(), 139);
+    }
+
+    #[test]
+    fn each_store_and_cluster_keeps_its_newest_whatever_the_counts() {
+        let t = datetime!(2026-03-04 10:00 UTC);
+        let entries = vec![
+            entry("a", "prod", t),
+            entry("a", "prod", t - Duration::hours(1)),
+            entry("a", "lab", t - Duration::hours(5)),
+            entry("b", "prod", t - Duration::hours(9)),
+        ];
+        let plan = Retention::default().plan(&entries);
+        let mut kept: Vec<_> = plan
+            .keep
+            .iter()
+            .map(|(e, why)| (e.store.as_str(), e.metadata.cluster.as_str(), why.clone()))
+            .collect();
+        kept.sort();
+        assert_eq!(
+            kept,
+            vec![
+                ("a", "lab", vec!["newest"]),
+                ("a", "prod", vec!["newest"]),
+                ("b", "prod", vec!["newest"]),
+            ]
+        );
+        assert_eq!(plan.delete.len(), 1);
+        assert_eq!(plan.delete[0].metadata.time, t - Duration::hours(1));
+    }
 }

@@ -21,9 +21,10 @@ use object_store::{ObjectStore, WriteMultipart};
 
 use super::store::{ObjectInfo, ObjectStream, Store, StoreError, StoreFuture, Upload, check_key};
 
-/// Size of each multipart part: above S3's 5 MiB minimum; with at most
-/// [`PARTS_IN_FLIGHT`] parts sending and one filling, 18 MiB of buffers.
-pub const PART_SIZE: usize = 6 << 20;
+/// Size of each multipart part: S3's minimum, 5 MiB (so up to 48 GiB in
+/// its 10,000 parts); with at most [`PARTS_IN_FLIGHT`] parts sending and
+/// one filling, 15 MiB of buffers.
+pub const PART_SIZE: usize = 5 << 20;
 /// Parts sent at once.
 pub const PARTS_IN_FLIGHT: usize = 2;
 

@@ -14,6 +14,27 @@
 //!   which to keep.
 //! - [`drill`]: fetch, decrypt, verify, restore into a throwaway etcd, and
 //!   compare with the sidecar ([`DrillReport`]).
+//!
+//! ```no_run
+//! use talos_client::backup::{self, Addressing, BackupRequest, DrillOptions, Recipient};
+//!
+//! # async fn run(client: talos_client::Client<talos_client::One>) -> Result<(), Box<dyn std::error::Error>> {
+//! // s3://BUCKET/PREFIX, or a directory. Credentials, region and endpoint come
+//! // from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and
+//! // AWS_ENDPOINT_URL unless set in S3Settings; the addressing is explicit.
+//! let store = backup::open_store("s3://backups/prod", Addressing::Path)?;
+//! let mut request = BackupRequest::new("prod");
+//! request.recipients = vec!["age1...".parse::<Recipient>()?];
+//! let stored = backup::backup(&*store, client.etcd_snapshot().await?, &request).await?;
+//!
+//! let options = DrillOptions {
+//!     identities: backup::read_identities("key.txt".as_ref())?,
+//!     ..DrillOptions::default()
+//! };
+//! let report = backup::drill(&*store, &stored.metadata.object.key, &options).await?;
+//! println!("{}", serde_json::to_string_pretty(&report)?);
+//! # Ok(()) }
+//! ```
 
 mod catalogue;
 mod drill;

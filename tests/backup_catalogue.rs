@@ -23,7 +23,13 @@ fn chunks(bytes: &[u8]) -> stream::Iter<std::vec::IntoIter<Result<Bytes, ClientE
 }
 
 async fn keys(store: &dyn Store) -> Vec<String> {
-    store.list("").await.unwrap().into_iter().map(|o| o.key).collect()
+    store
+        .list("")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,11 +52,18 @@ async fn the_catalogue_lists_our_backups_and_retention_touches_nothing_else() {
     });
     for name in ["prod/a.db.zst.age", "prod/b.db.zst.age"] {
         request.key = Some(name.into());
-        backup_chunks(&remote, chunks(fixture()), "cp-1", &request).await.unwrap();
+        backup_chunks(&remote, chunks(fixture()), "cp-1", &request)
+            .await
+            .unwrap();
     }
-    backup_chunks(&local, chunks(fixture()), "cp-1", &BackupRequest::new("prod"))
-        .await
-        .unwrap();
+    backup_chunks(
+        &local,
+        chunks(fixture()),
+        "cp-1",
+        &BackupRequest::new("prod"),
+    )
+    .await
+    .unwrap();
 
     // Objects other tools wrote, and sidecars that are not ours.
     let foreign = [
@@ -63,8 +76,13 @@ async fn the_catalogue_lists_our_backups_and_retention_touches_nothing_else() {
         remote.put(key, Bytes::from_static(bytes)).await.unwrap();
     }
     // A sidecar of ours copied beside another object names the wrong key.
-    let copied = talos_client::backup::get_all(&remote, "prod/a.db.zst.age.json").await.unwrap();
-    remote.put("prod/copy.db.zst.age.json", copied.into()).await.unwrap();
+    let copied = talos_client::backup::get_all(&remote, "prod/a.db.zst.age.json")
+        .await
+        .unwrap();
+    remote
+        .put("prod/copy.db.zst.age.json", copied.into())
+        .await
+        .unwrap();
 
     let entries = catalogue(&[&remote, &local]).await.unwrap();
     let mut listed: Vec<(String, String, bool)> = entries
@@ -72,33 +90,62 @@ async fn the_catalogue_lists_our_backups_and_retention_touches_nothing_else() {
         .map(|e| (e.store.clone(), e.metadata.object.key.clone(), e.complete))
         .collect();
     listed.sort();
-    let local_key = keys(&local).await.into_iter().find(|k| k.ends_with(".db.zst")).unwrap();
+    let local_key = keys(&local)
+        .await
+        .into_iter()
+        .find(|k| k.ends_with(".db.zst"))
+        .unwrap();
     let mut expected = vec![
-        ("s3://backups/team".to_owned(), "prod/a.db.zst.age".to_owned(), true),
-        ("s3://backups/team".to_owned(), "prod/b.db.zst.age".to_owned(), true),
+        (
+            "s3://backups/team".to_owned(),
+            "prod/a.db.zst.age".to_owned(),
+            true,
+        ),
+        (
+            "s3://backups/team".to_owned(),
+            "prod/b.db.zst.age".to_owned(),
+            true,
+        ),
         (local.describe(), local_key, true),
     ];
     expected.sort();
     assert_eq!(listed, expected);
-    assert!(entries.windows(2).all(|w| w[0].metadata.time >= w[1].metadata.time));
+    assert!(
+        entries
+            .windows(2)
+            .all(|w| w[0].metadata.time >= w[1].metadata.time)
+    );
 
     // Keep one per store and cluster: the older remote backup goes, with
     // its kit and sidecar; the local one stays (another store).
-    let plan = Retention { keep_last: 1, ..Retention::default() }.plan(&entries);
+    let plan = Retention {
+        keep_last: 1,
+        ..Retention::default()
+    }
+    .plan(&entries);
     assert_eq!(plan.delete.len(), 1);
     assert_eq!(plan.delete[0].metadata.object.key, "prod/a.db.zst.age");
     let before_local = keys(&local).await;
     let deleted = apply_retention(&remote, &plan).await.unwrap();
     assert_eq!(
         deleted,
-        ["prod/a.db.zst.age", "prod/a.db.zst.age.kit.age", "prod/a.db.zst.age.json"]
+        [
+            "prod/a.db.zst.age",
+            "prod/a.db.zst.age.kit.age",
+            "prod/a.db.zst.age.json"
+        ]
     );
     let mut left = keys(&remote).await;
     left.sort();
     let mut want: Vec<String> = foreign.iter().map(|(k, _)| k.to_string()).collect();
     want.extend(
-        ["prod/b.db.zst.age", "prod/b.db.zst.age.json", "prod/b.db.zst.age.kit.age", "prod/copy.db.zst.age.json"]
-            .map(String::from),
+        [
+            "prod/b.db.zst.age",
+            "prod/b.db.zst.age.json",
+            "prod/b.db.zst.age.kit.age",
+            "prod/copy.db.zst.age.json",
+        ]
+        .map(String::from),
     );
     want.sort();
     assert_eq!(left, want);

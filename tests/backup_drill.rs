@@ -58,7 +58,9 @@ async fn a_drill_restores_the_backup_and_matches_its_sidecar() {
     let mut request = BackupRequest::new("prod");
     request.recipients = vec![identity.recipient()];
     let snapshot = kubernetes_snapshot();
-    let stored = backup_chunks(&store, chunks(&snapshot), "cp-1", &request).await.unwrap();
+    let stored = backup_chunks(&store, chunks(&snapshot), "cp-1", &request)
+        .await
+        .unwrap();
     let meta = &stored.metadata;
     let key = meta.object.key.clone();
 
@@ -73,8 +75,11 @@ async fn a_drill_restores_the_backup_and_matches_its_sidecar() {
     assert_eq!(report.revision, Some(meta.snapshot.status.revision));
     assert_eq!(report.keys, Some(meta.snapshot.status.total_keys));
     assert_eq!(report.keys, Some(9));
-    let prefixes: Vec<(&str, u64)> =
-        report.prefixes.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let prefixes: Vec<(&str, u64)> = report
+        .prefixes
+        .iter()
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect();
     assert_eq!(
         prefixes,
         [
@@ -88,8 +93,17 @@ async fn a_drill_restores_the_backup_and_matches_its_sidecar() {
     assert_eq!(
         names,
         [
-            "sidecar", "object", "decrypt", "decompress", "snapshot", "sidecar-match", "restore",
-            "start", "revision", "keys", "prefixes"
+            "sidecar",
+            "object",
+            "decrypt",
+            "decompress",
+            "snapshot",
+            "sidecar-match",
+            "restore",
+            "start",
+            "revision",
+            "keys",
+            "prefixes"
         ]
     );
     // The report is JSON, and reads back.
@@ -115,7 +129,9 @@ async fn a_tampered_backup_fails_the_drill_naming_the_check() {
     let mut request = BackupRequest::new("prod");
     request.recipients = vec![identity.recipient()];
     let snapshot = kubernetes_snapshot();
-    let stored = backup_chunks(&store, chunks(&snapshot), "cp-1", &request).await.unwrap();
+    let stored = backup_chunks(&store, chunks(&snapshot), "cp-1", &request)
+        .await
+        .unwrap();
     let key = stored.metadata.object.key.clone();
     let options = DrillOptions {
         identities: vec![identity],
@@ -135,12 +151,21 @@ async fn a_tampered_backup_fails_the_drill_naming_the_check() {
     let sidecar_key = stored.metadata.sidecar_key();
     let mut meta: BackupMetadata =
         serde_json::from_slice(&get_all(&store, &sidecar_key).await.unwrap()).unwrap();
-    meta.object.sha256 = Sha256::digest(&object).iter().map(|b| format!("{b:02x}")).collect();
-    store.put(&sidecar_key, serde_json::to_vec(&meta).unwrap().into()).await.unwrap();
+    meta.object.sha256 = Sha256::digest(&object)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    store
+        .put(&sidecar_key, serde_json::to_vec(&meta).unwrap().into())
+        .await
+        .unwrap();
     assert_failed(&drill(&store, &key, &options).await.unwrap(), "decrypt");
 
     // No sidecar at all.
-    assert_failed(&drill(&store, "t/none.db.zst", &options).await.unwrap(), "sidecar");
+    assert_failed(
+        &drill(&store, "t/none.db.zst", &options).await.unwrap(),
+        "sidecar",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,9 +173,14 @@ async fn an_unencrypted_local_backup_drills_and_a_lying_sidecar_is_caught() {
     let dir = tempfile::tempdir().unwrap();
     let store = LocalStore::new(dir.path());
     let snapshot = kubernetes_snapshot();
-    let stored = backup_chunks(&store, chunks(&snapshot), "cp-1", &BackupRequest::new("lab"))
-        .await
-        .unwrap();
+    let stored = backup_chunks(
+        &store,
+        chunks(&snapshot),
+        "cp-1",
+        &BackupRequest::new("lab"),
+    )
+    .await
+    .unwrap();
     let key = stored.metadata.object.key.clone();
     let report = drill(&store, &key, &DrillOptions::default()).await.unwrap();
     assert!(report.ok, "{report:#?}");
@@ -160,8 +190,14 @@ async fn an_unencrypted_local_backup_drills_and_a_lying_sidecar_is_caught() {
     let mut meta = stored.metadata.clone();
     meta.snapshot.status.revision += 1;
     store
-        .put(&meta.sidecar_key(), serde_json::to_vec(&meta).unwrap().into())
+        .put(
+            &meta.sidecar_key(),
+            serde_json::to_vec(&meta).unwrap().into(),
+        )
         .await
         .unwrap();
-    assert_failed(&drill(&store, &key, &DrillOptions::default()).await.unwrap(), "sidecar-match");
+    assert_failed(
+        &drill(&store, &key, &DrillOptions::default()).await.unwrap(),
+        "sidecar-match",
+    );
 }

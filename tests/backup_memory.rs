@@ -75,7 +75,11 @@ fn backing_up_a_large_snapshot_to_s3_keeps_memory_flat() {
         etcd.snapshot(&path);
     }
     let size = std::fs::metadata(&path).unwrap().len();
-    eprintln!("made a {} MiB snapshot in {:.1?}", size >> 20, started.elapsed());
+    eprintln!(
+        "made a {} MiB snapshot in {:.1?}",
+        size >> 20,
+        started.elapsed()
+    );
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -104,7 +108,9 @@ fn backing_up_a_large_snapshot_to_s3_keeps_memory_flat() {
         reset_peak();
         let baseline = proc_status_kib("VmRSS:");
         let started = Instant::now();
-        let stored = backup_chunks(&store, chunks, "cp-1", &request).await.expect("backup");
+        let stored = backup_chunks(&store, chunks, "cp-1", &request)
+            .await
+            .expect("backup");
         let peak = proc_status_kib("VmHWM:");
         let elapsed = started.elapsed();
         eprintln!(
@@ -119,7 +125,11 @@ fn backing_up_a_large_snapshot_to_s3_keeps_memory_flat() {
         assert_eq!(stored.metadata.snapshot.status.total_keys, values as u64);
         // The values are noise: what is stored is at least their size.
         assert!(stored.metadata.object.size >= (values * VALUE_SIZE) as u64);
-        assert!(peak < LIMIT_MIB * 1024, "peak RSS {peak} KiB backing up {} MiB", size >> 20);
+        assert!(
+            peak < LIMIT_MIB * 1024,
+            "peak RSS {peak} KiB backing up {} MiB",
+            size >> 20
+        );
         // Nothing named is left in the spool directory.
         let left: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()

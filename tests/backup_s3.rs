@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures::stream;
 use sha2::{Digest, Sha256};
 use talos_client::backup::{
-    Addressing, BackupError, BackupRequest, EncryptionSecret, Encryption, Identity, KitMember,
+    Addressing, BackupError, BackupRequest, Encryption, EncryptionSecret, Identity, KitMember,
     RecoveryKit, S3Store, SecretString, Store, backup_chunks, get_all, read_kit,
 };
 use talos_client::client::Error as ClientError;
@@ -69,7 +69,10 @@ async fn an_encrypted_backup_reads_back_with_age_and_zstd() {
         .expect("backup");
     let meta = &stored.metadata;
     let key = meta.object.key.clone();
-    assert!(key.starts_with("prod/") && key.ends_with("-10.5.0.2.db.zst.age"), "{key}");
+    assert!(
+        key.starts_with("prod/") && key.ends_with("-10.5.0.2.db.zst.age"),
+        "{key}"
+    );
 
     // The sidecar describes the snapshot as the local checks see it, and
     // the object as stored.
@@ -82,7 +85,10 @@ async fn an_encrypted_backup_reads_back_with_age_and_zstd() {
     assert_eq!(
         meta.object.encryption,
         Encryption::Age {
-            recipients: vec![identity.recipient().to_string(), other.recipient().to_string()]
+            recipients: vec![
+                identity.recipient().to_string(),
+                other.recipient().to_string()
+            ]
         }
     );
     let sidecar: talos_client::backup::BackupMetadata =
@@ -100,21 +106,41 @@ async fn an_encrypted_backup_reads_back_with_age_and_zstd() {
         object_file.display(),
         restored.display()
     );
-    let out = Command::new("sh").arg("-c").arg(&pipeline).stdin(Stdio::null()).output().unwrap();
-    assert!(out.status.success(), "{pipeline}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&pipeline)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{pipeline}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(std::fs::read(&restored).unwrap(), snapshot);
     let status = etcdctl_status(&restored);
-    assert_eq!(status["revision"].as_i64().unwrap(), meta.snapshot.status.revision);
-    assert_eq!(u64::from(meta.snapshot.status.hash), status["hash"].as_u64().unwrap());
+    assert_eq!(
+        status["revision"].as_i64().unwrap(),
+        meta.snapshot.status.revision
+    );
+    assert_eq!(
+        u64::from(meta.snapshot.status.hash),
+        status["hash"].as_u64().unwrap()
+    );
 
     // The kit: encrypted (its secret appears nowhere in the store), and
     // read back with either identity, with the snapshot's revision.
     let secret = b"a2l0LXNlY3JldC10aGF0LW11c3Qtbm90LWxlYWs=";
     for file in server.files() {
         let bytes = std::fs::read(server.root().join(&file)).unwrap();
-        assert!(!bytes.windows(secret.len()).any(|w| w == secret), "{file} holds the secret");
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret),
+            "{file} holds the secret"
+        );
     }
-    let read = read_kit(&store, meta, std::slice::from_ref(&other)).await.unwrap();
+    let read = read_kit(&store, meta, std::slice::from_ref(&other))
+        .await
+        .unwrap();
     assert_eq!(read.revision, meta.snapshot.status.revision);
     assert_eq!(read.encryption_secrets, kit().encryption_secrets);
     assert_eq!(read.members, kit().members);
@@ -158,7 +184,11 @@ async fn a_snapshot_failing_a_check_leaves_nothing_in_the_bucket() {
         }
         assert!(error.to_string().contains("aborted"), "{error}");
         assert!(store.list("").await.unwrap().is_empty());
-        assert_eq!(leftovers(&server), Vec::<String>::new(), "after the {check} check");
+        assert_eq!(
+            leftovers(&server),
+            Vec::<String>::new(),
+            "after the {check} check"
+        );
     }
     let error = backup_chunks(&store, chunks(&resealed), "n", &request)
         .await
@@ -172,7 +202,9 @@ async fn a_snapshot_failing_a_check_leaves_nothing_in_the_bucket() {
     // A kit without recipients is refused before anything is sent.
     let mut plain = BackupRequest::new("prod");
     plain.kit = Some(kit());
-    let error = backup_chunks(&store, chunks(good), "n", &plain).await.unwrap_err();
+    let error = backup_chunks(&store, chunks(good), "n", &plain)
+        .await
+        .unwrap_err();
     assert!(matches!(error, BackupError::KitNeedsRecipients), "{error}");
     assert_eq!(leftovers(&server), Vec::<String>::new());
 }
@@ -188,10 +220,12 @@ async fn a_failed_transfer_aborts_the_upload() {
         .collect();
     let half = items.len() / 2;
     items.truncate(half);
-    items.push(Err(ClientError::Unavailable(talos_client::client::Failure {
-        node: Some("10.5.0.2".into()),
-        message: "connection reset".into(),
-    })));
+    items.push(Err(ClientError::Unavailable(
+        talos_client::client::Failure {
+            node: Some("10.5.0.2".into()),
+            message: "connection reset".into(),
+        },
+    )));
     let error = backup_chunks(&store, stream::iter(items), "n", &BackupRequest::new("c"))
         .await
         .unwrap_err();
@@ -209,9 +243,22 @@ async fn both_addressing_styles_reach_the_bucket() {
             .await
             .unwrap_or_else(|e| panic!("{addressing:?}: {e}"));
         let key = &stored.metadata.object.key;
-        assert!(server.object_file(&format!("x/y/{key}")).is_file(), "{addressing:?}");
-        let listed: Vec<String> = store.list("").await.unwrap().into_iter().map(|o| o.key).collect();
-        assert_eq!(listed, vec![key.clone(), format!("{key}.json")], "{addressing:?}");
+        assert!(
+            server.object_file(&format!("x/y/{key}")).is_file(),
+            "{addressing:?}"
+        );
+        let listed: Vec<String> = store
+            .list("")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.key)
+            .collect();
+        assert_eq!(
+            listed,
+            vec![key.clone(), format!("{key}.json")],
+            "{addressing:?}"
+        );
         // Virtual-hosted requests do not name the bucket in the path: a
         // server that reads buckets from paths only finds no bucket "x".
         if addressing == Addressing::Path {

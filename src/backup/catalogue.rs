@@ -8,10 +8,10 @@
 use std::collections::HashMap;
 use std::io::Read;
 
+use super::BackupError;
 use super::keys::Identity;
 use super::metadata::{BackupMetadata, FORMAT, RecoveryKit, SIDECAR_SUFFIX};
 use super::store::{Store, StoreError, get_all};
-use super::BackupError;
 
 /// One backup of the catalogue.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -172,8 +172,10 @@ async fn run(
         return Ok(());
     };
     let bin = options.etcd_bin_dir.as_deref();
-    etcd::restore_and_compare(bin, &snapshot, &work.path, &meta, &verified, options, report)
-        .await;
+    etcd::restore_and_compare(
+        bin, &snapshot, &work.path, &meta, &verified, options, report,
+    )
+    .await;
     Ok(())
 }
 
@@ -193,7 +195,10 @@ async fn read_sidecar(
     };
     match serde_json::from_slice::<BackupMetadata>(&bytes) {
         Ok(meta) if meta.format == FORMAT && meta.object.key == key => {
-            report.pass("sidecar", format!("{sidecar}: revision {}", meta.snapshot.status.revision));
+            report.pass(
+                "sidecar",
+                format!("{sidecar}: revision {}", meta.snapshot.status.revision),
+            );
             Ok(Some(meta))
         }
         Ok(_) => {
@@ -316,7 +321,10 @@ fn unpack_into(
 ) -> Result<(), (&'static str, String)> {
     let decrypted: Box<dyn Read + '_> = if encrypted {
         if identities.is_empty() {
-            return Err(("decrypt", "the backup is encrypted and no identity was given".into()));
+            return Err((
+                "decrypt",
+                "the backup is encrypted and no identity was given".into(),
+            ));
         }
         let decryptor = age::Decryptor::new_buffered(BufReader::new(&mut *reader))
             .map_err(|e| ("decrypt", e.to_string()))?;
@@ -338,7 +346,11 @@ fn unpack_into(
     // age reports a changed payload as an I/O error of kind InvalidData
     // while reading: that is the decrypt check.
     *plain = io::copy(&mut decoder, &mut file).map_err(|e| {
-        let stage = if encrypted && is_age_error(&e) { "decrypt" } else { "decompress" };
+        let stage = if encrypted && is_age_error(&e) {
+            "decrypt"
+        } else {
+            "decompress"
+        };
         (stage, e.to_string())
     })?;
     file.sync_all().map_err(|e| ("decompress", e.to_string()))
@@ -346,7 +358,10 @@ fn unpack_into(
 
 fn is_age_error(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::InvalidData
-        && !e.to_string().to_ascii_lowercase().contains("unknown frame descriptor")
+        && !e
+            .to_string()
+            .to_ascii_lowercase()
+            .contains("unknown frame descriptor")
         && !e.to_string().to_ascii_lowercase().contains("zstd")
 }
 
@@ -376,7 +391,11 @@ impl Read for ChannelReader {
 }
 
 /// The checks of a saved snapshot, then `sidecar-match`.
-async fn verify(path: &Path, meta: &BackupMetadata, report: &mut DrillReport) -> Option<SnapshotReport> {
+async fn verify(
+    path: &Path,
+    meta: &BackupMetadata,
+    report: &mut DrillReport,
+) -> Option<SnapshotReport> {
     let owned = path.to_owned();
     let verified = tokio::task::spawn_blocking(move || verify_file(&owned))
         .await
@@ -389,7 +408,10 @@ async fn verify(path: &Path, meta: &BackupMetadata, report: &mut DrillReport) ->
     let verified = match verified {
         Ok(verified) => verified,
         Err(SnapshotError::Check { failure, .. }) => {
-            report.fail(&format!("snapshot-{}", failure.check()), failure.to_string());
+            report.fail(
+                &format!("snapshot-{}", failure.check()),
+                failure.to_string(),
+            );
             return None;
         }
         Err(e) => {
@@ -399,14 +421,19 @@ async fn verify(path: &Path, meta: &BackupMetadata, report: &mut DrillReport) ->
     };
     report.pass(
         "snapshot",
-        format!("trailer, sha256, bbolt and status: revision {}", verified.status.revision),
+        format!(
+            "trailer, sha256, bbolt and status: revision {}",
+            verified.status.revision
+        ),
     );
     if verified != meta.snapshot {
         report.fail(
             "sidecar-match",
             format!(
                 "the snapshot has sha256 {} and revision {}; the sidecar says {} and {}",
-                verified.sha256, verified.status.revision, meta.snapshot.sha256,
+                verified.sha256,
+                verified.status.revision,
+                meta.snapshot.sha256,
                 meta.snapshot.status.revision
             ),
         );
@@ -425,7 +452,9 @@ impl WorkDir {
     fn create(base: Option<&Path>) -> Result<WorkDir, BackupError> {
         let base = base.map(Path::to_owned).unwrap_or_else(std::env::temp_dir);
         let mut random = [0u8; 8];
-        random.copy_from_slice(&Sha256::digest(format!("{:?}{}", Instant::now(), std::process::id()))[..8]);
+        random.copy_from_slice(
+            &Sha256::digest(format!("{:?}{}", Instant::now(), std::process::id()))[..8],
+        );
         let path = base.join(format!("talos-drill-{}", Hex(&random)));
         std::fs::DirBuilder::new()
             .mode(0o700)

@@ -128,7 +128,11 @@ mod tests {
         let good = dir.path().join("good.txt");
         std::fs::write(
             &good,
-            format!("# created: now\n# public key: {}\n\n{}\n", id.recipient(), id.to_secret_text()),
+            format!(
+                "# created: now\n# public key: {}\n\n{}\n",
+                id.recipient(),
+                id.to_secret_text()
+            ),
         )
         .unwrap();
         let read = read_identities(&good).unwrap();

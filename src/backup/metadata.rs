@@ -179,7 +179,10 @@ mod tests {
         };
         assert!(!format!("{kit:?}").contains("c2VjcmV0"));
         let json = serde_json::to_string(&kit).unwrap();
-        assert!(json.contains("c2VjcmV0"), "the kit itself carries it: {json}");
+        assert!(
+            json.contains("c2VjcmV0"),
+            "the kit itself carries it: {json}"
+        );
         assert_eq!(serde_json::from_str::<RecoveryKit>(&json).unwrap(), kit);
     }
 }

@@ -25,13 +25,13 @@ use crate::snapshot::{
     CheckFailure, Hex, SnapshotReport, TRAILER_SIZE, compare_trailer, has_trailer, report,
 };
 
+use super::BackupError;
 use super::keys::{Recipient, encryptor};
 use super::metadata::{
     BackupMetadata, Encryption, FORMAT, KIT_SUFFIX, RecoveryKit, StoredObject, sidecar_key,
 };
 use super::spool::Spool;
 use super::store::{Store, Upload};
-use super::BackupError;
 
 /// Plaintext batches handed to the worker: at least this large.
 const BATCH_MIN: usize = 64 * 1024;
@@ -99,8 +99,16 @@ impl BackupRequest {
             time.minute(),
             time.second()
         );
-        let age = if self.recipients.is_empty() { "" } else { ".age" };
-        format!("{}/{stamp}-{}.db.zst{age}", clean(&self.cluster), clean(node))
+        let age = if self.recipients.is_empty() {
+            ""
+        } else {
+            ".age"
+        };
+        format!(
+            "{}/{stamp}-{}.db.zst{age}",
+            clean(&self.cluster),
+            clean(node)
+        )
     }
 }
 
@@ -333,7 +341,8 @@ fn work(
     sealer: Option<age::Encryptor>,
     level: i32,
 ) -> Result<(Worked, Stored), BackupError> {
-    let failed = |stage: &'static str| move |source: io::Error| BackupError::Pipeline { stage, source };
+    let failed =
+        |stage: &'static str| move |source: io::Error| BackupError::Pipeline { stage, source };
     let sink = ObjectSink {
         buf: Vec::with_capacity(OUT_BATCH),
         tx: out_tx,
@@ -502,7 +511,9 @@ mod tests {
             request.default_key("10.5.0.2:50000", time),
             "prod_a/20260304T050607Z-10.5.0.2_50000.db.zst"
         );
-        request.recipients.push(super::super::Identity::generate().recipient());
+        request
+            .recipients
+            .push(super::super::Identity::generate().recipient());
         assert!(request.default_key("n", time).ends_with(".db.zst.age"));
     }
 }

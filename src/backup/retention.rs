@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 
+use super::BackupError;
 use super::catalogue::CatalogueEntry;
 use super::metadata::{KIT_SUFFIX, sidecar_key};
 use super::store::{Store, StoreError};
-use super::BackupError;
 
 /// How many backups to keep.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -50,7 +50,8 @@ impl Retention {
         };
         for (_, mut group) in groups {
             group.sort_by(|a, b| {
-                (b.metadata.time, &b.metadata.object.key).cmp(&(a.metadata.time, &a.metadata.object.key))
+                (b.metadata.time, &b.metadata.object.key)
+                    .cmp(&(a.metadata.time, &a.metadata.object.key))
             });
             let mut reasons: Vec<Vec<&'static str>> = vec![Vec::new(); group.len()];
             for (i, r) in reasons.iter_mut().enumerate().take(self.keep_last.max(1)) {

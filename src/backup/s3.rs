@@ -196,12 +196,15 @@ impl S3Settings {
         match self.addressing {
             Addressing::Path => Ok(format!("{endpoint}/{}", self.bucket)),
             Addressing::Virtual => {
-                let (scheme, host) = endpoint.split_once("://").ok_or_else(|| {
-                    StoreError::Settings {
-                        store: self.url(),
-                        problem: format!("endpoint {endpoint:?} has no scheme (http:// or https://)"),
-                    }
-                })?;
+                let (scheme, host) =
+                    endpoint
+                        .split_once("://")
+                        .ok_or_else(|| StoreError::Settings {
+                            store: self.url(),
+                            problem: format!(
+                                "endpoint {endpoint:?} has no scheme (http:// or https://)"
+                            ),
+                        })?;
                 Ok(format!("{scheme}://{}.{host}", self.bucket))
             }
         }
@@ -443,11 +446,21 @@ mod tests {
     #[test]
     fn urls_parse_into_bucket_and_prefix() {
         let s = S3Settings::parse("s3://backups/prod/cluster-a/", Addressing::Path).unwrap();
-        assert_eq!((s.bucket.as_str(), s.prefix.as_str()), ("backups", "prod/cluster-a"));
+        assert_eq!(
+            (s.bucket.as_str(), s.prefix.as_str()),
+            ("backups", "prod/cluster-a")
+        );
         assert_eq!(s.url(), "s3://backups/prod/cluster-a");
         let s = S3Settings::parse("s3://backups", Addressing::Path).unwrap();
         assert_eq!(s.prefix, "");
-        for bad in ["/tmp/x", "s3://", "s3://UPPER/x", "s3://ab", "s3://b-b/a//c", "s3://bbb/../x"] {
+        for bad in [
+            "/tmp/x",
+            "s3://",
+            "s3://UPPER/x",
+            "s3://ab",
+            "s3://b-b/a//c",
+            "s3://bbb/../x",
+        ] {
             let error = S3Settings::parse(bad, Addressing::Path).unwrap_err();
             assert!(error.to_string().starts_with(bad), "{bad}: {error}");
         }
@@ -470,10 +483,19 @@ mod tests {
         assert_eq!(s.region.as_deref(), Some("eu-west-3"));
         assert!(!format!("{s:?}").contains("env-secret"));
         assert_eq!(s.bucket_endpoint().unwrap(), "http://127.0.0.1:9000/bkt");
-        let v = S3Settings { addressing: Addressing::Virtual, ..s };
+        let v = S3Settings {
+            addressing: Addressing::Virtual,
+            ..s
+        };
         assert_eq!(v.bucket_endpoint().unwrap(), "http://bkt.127.0.0.1:9000");
-        let aws = S3Settings { endpoint: None, ..v };
-        assert_eq!(aws.bucket_endpoint().unwrap(), "https://bkt.s3.eu-west-3.amazonaws.com");
+        let aws = S3Settings {
+            endpoint: None,
+            ..v
+        };
+        assert_eq!(
+            aws.bucket_endpoint().unwrap(),
+            "https://bkt.s3.eu-west-3.amazonaws.com"
+        );
     }
 
     #[test]

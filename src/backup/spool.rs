@@ -222,10 +222,15 @@ mod tests {
         let runs = raw.windows(32).filter(|w| w.iter().all(|&b| b == b'A'));
         assert_eq!(runs.count(), 0, "plaintext found in the spool file");
         // Flip a byte of chunk 1 on disk: reading it fails, chunk 0 reads.
-        spool.file.write_all_at(&[raw[CHUNK + TAG + 9] ^ 1], (CHUNK + TAG + 9) as u64).unwrap();
+        spool
+            .file
+            .write_all_at(&[raw[CHUNK + TAG + 9] ^ 1], (CHUNK + TAG + 9) as u64)
+            .unwrap();
         let mut buf = vec![0u8; 16];
         spool.read_exact_at(&mut buf, 0).unwrap();
-        let error = spool.read_exact_at(&mut buf, CHUNK as u64 + 100).unwrap_err();
+        let error = spool
+            .read_exact_at(&mut buf, CHUNK as u64 + 100)
+            .unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::InvalidData);
     }
 }

@@ -54,7 +54,9 @@ pub(super) async fn restore_and_compare(
         .arg(format!("--initial-cluster={MEMBER}={peer}"))
         .arg(format!("--initial-advertise-peer-urls={peer}"));
     match restore.stdin(Stdio::null()).output().await {
-        Ok(out) if out.status.success() => report.pass("restore", format!("{tool} snapshot restore")),
+        Ok(out) if out.status.success() => {
+            report.pass("restore", format!("{tool} snapshot restore"))
+        }
         Ok(out) => {
             report.fail("restore", format!("{tool}: {}", tail(&out.stderr)));
             return;
@@ -144,7 +146,10 @@ async fn compare(
     report.revision = Some(revision);
     let expected = meta.snapshot.status.revision;
     if revision != expected || verified.status.revision != expected {
-        report.fail("revision", format!("etcd reports {revision}; the sidecar says {expected}"));
+        report.fail(
+            "revision",
+            format!("etcd reports {revision}; the sidecar says {expected}"),
+        );
         return;
     }
     report.pass("revision", revision.to_string());
@@ -160,14 +165,21 @@ async fn compare(
     if keys != meta.snapshot.status.total_keys {
         report.fail(
             "keys",
-            format!("etcd holds {keys} keys; the sidecar says {}", meta.snapshot.status.total_keys),
+            format!(
+                "etcd holds {keys} keys; the sidecar says {}",
+                meta.snapshot.status.total_keys
+            ),
         );
         return;
     }
     report.pass("keys", keys.to_string());
 
     let mut prefixes = BTreeMap::new();
-    for kv in listing["kvs"].as_array().map(Vec::as_slice).unwrap_or_default() {
+    for kv in listing["kvs"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
         let key = kv["key"]
             .as_str()
             .and_then(|k| BASE64.decode(k).ok())
@@ -180,15 +192,27 @@ async fn compare(
         report.fail("prefixes", format!("read {read} keys back of {keys}"));
         return;
     }
-    report.pass("prefixes", format!("{} prefixes, {read} keys read", report.prefixes.len()));
+    report.pass(
+        "prefixes",
+        format!("{} prefixes, {read} keys read", report.prefixes.len()),
+    );
 }
 
 /// The top-level prefix of a key: `/registry/<type>` for Kubernetes keys,
 /// else the first segment.
 pub(crate) fn top_prefix(key: &[u8]) -> String {
     let key = String::from_utf8_lossy(key);
-    let segments = if key.starts_with("/registry/") { 3 } else if key.starts_with('/') { 2 } else { 1 };
-    key.splitn(segments + 1, '/').take(segments).collect::<Vec<_>>().join("/")
+    let segments = if key.starts_with("/registry/") {
+        3
+    } else if key.starts_with('/') {
+        2
+    } else {
+        1
+    };
+    key.splitn(segments + 1, '/')
+        .take(segments)
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 struct Ctl {
@@ -230,7 +254,10 @@ fn free_ports() -> (u16, u16) {
     let a = std::net::TcpListener::bind("127.0.0.1:0");
     let b = std::net::TcpListener::bind("127.0.0.1:0");
     let port = |l: &std::io::Result<std::net::TcpListener>| {
-        l.as_ref().ok().and_then(|l| l.local_addr().ok()).map_or(0, |a| a.port())
+        l.as_ref()
+            .ok()
+            .and_then(|l| l.local_addr().ok())
+            .map_or(0, |a| a.port())
     };
     (port(&a), port(&b))
 }
@@ -247,7 +274,10 @@ mod tests {
 
     #[test]
     fn prefixes_are_the_kubernetes_type_or_the_first_segment() {
-        assert_eq!(top_prefix(b"/registry/pods/default/web-0"), "/registry/pods");
+        assert_eq!(
+            top_prefix(b"/registry/pods/default/web-0"),
+            "/registry/pods"
+        );
         assert_eq!(top_prefix(b"/registry/secrets"), "/registry/secrets");
         assert_eq!(top_prefix(b"/small/a"), "/small");
         assert_eq!(top_prefix(b"plain"), "plain");

@@ -34,6 +34,10 @@ pub struct RetentionPlan {
 
 type Bucket = (i32, u16, u8);
 
+/// A tier: its name, its count, and the bucket (hour, day, week) of an
+/// entry.
+type Tier = (&'static str, usize, fn(&CatalogueEntry) -> Bucket);
+
 impl Retention {
     /// Decides, for catalogue `entries` (any order), which to keep.
     pub fn plan(&self, entries: &[CatalogueEntry]) -> RetentionPlan {
@@ -57,7 +61,7 @@ impl Retention {
             for (i, r) in reasons.iter_mut().enumerate().take(self.keep_last.max(1)) {
                 r.push(if i < self.keep_last { "last" } else { "newest" });
             }
-            let tiers: [(&'static str, usize, fn(&CatalogueEntry) -> Bucket); 3] = [
+            let tiers: [Tier; 3] = [
                 ("hourly", self.hourly, |e| {
                     let t = e.metadata.time;
                     (t.year(), t.ordinal(), t.hour())
@@ -173,7 +177,7 @@ mod tests {
             .iter()
             .map(|(e, why)| (e.metadata.time, why.clone()))
             .collect();
-        kept.sort_by(|a, b| b.0.cmp(&a.0));
+        kept.sort_by_key(|k| std::cmp::Reverse(k.0));
         kept
     }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the simulator, the tests and the benchmark need from Debian:
 # etcd (etcd-server), etcdctl (etcd-client), GNU time and openssl (the
-# tests check that the keys the simulator writes load in OpenSSL). Rust (cargo) and,
+# tests check that the keys the simulator writes load in OpenSSL), age and
+# zstd (the backup tests read what they store with them). Rust (cargo) and,
 # for the interop tests, Go must already be on the machine.
 set -euo pipefail
 
@@ -10,6 +11,8 @@ command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
 [ -x /usr/bin/time ] || need+=(time)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v age >/dev/null 2>&1 || need+=(age)
+command -v zstd >/dev/null 2>&1 || need+=(zstd)
 
 if ((${#need[@]})); then
   sudo=""

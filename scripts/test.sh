@@ -33,6 +33,12 @@ fi
 
 cargo build --locked --examples
 cargo test --locked --workspace
+# Off-host backups (feature `backup`): a real S3 server on loopback, age,
+# zstd and a throwaway etcd.
+cargo test --locked -p talos-client --features backup --lib \
+  --test backup_s3 --test backup_drill --test backup_catalogue
+cargo test --locked -p talos-client --features backup --doc
 # Peak-memory checks measure the optimised code that users run.
 cargo test --locked --release -p talos-client --test snapshot_memory --test client_snapshot_memory
+cargo test --locked --release -p talos-client --features backup --test backup_memory
 tests/interop/run.sh

@@ -36,6 +36,8 @@
 #![warn(missing_docs)]
 
 pub mod api;
+#[cfg(feature = "backup")]
+pub mod backup;
 pub mod client;
 pub mod config;
 pub mod files;

@@ -153,10 +153,23 @@ pub enum Entry<'a> {
     Bucket(Bucket),
 }
 
+/// A source of positioned reads other than a plain file: for example a
+/// spool that keeps the database encrypted at rest and decrypts what is
+/// read ([`Db::from_reader`]).
+pub trait ReadAt: Send + Sync {
+    /// Fills `buf` with the bytes at `offset`, or fails.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl ReadAt for File {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+}
+
 /// An open bbolt database (read-only).
-#[derive(Debug)]
 pub struct Db {
-    file: File,
+    file: Box<dyn ReadAt>,
     len: u64,
     meta: Meta,
     /// The file opened for direct I/O: long overflow runs are read with it,
@@ -167,6 +180,16 @@ pub struct Db {
     /// The CRC of bulk ranges as they were written: the check leaves those
     /// bytes unread where it only needs their CRC.
     pub(crate) sums: BulkSums,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db")
+            .field("len", &self.len)
+            .field("meta", &self.meta)
+            .field("direct", &self.direct)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Db {
@@ -193,8 +216,14 @@ impl Db {
                 expected: len,
             });
         }
+        Db::from_reader(Box::new(file), len)
+    }
+
+    /// Opens the first `len` bytes that `reader` holds (it must hold at
+    /// least that many) as a database, and reads the current meta page.
+    pub fn from_reader(reader: Box<dyn ReadAt>, len: u64) -> Result<Db, BboltError> {
         let mut db = Db {
-            file,
+            file: reader,
             len,
             direct: None,
             direct_refused: AtomicBool::new(false),
@@ -423,7 +452,7 @@ impl Db {
             && aligned(bytes.as_ptr().addr())
             && offset.is_multiple_of(direct::ALIGN as u64)
         {
-            match direct.read_exact_at(bytes, offset) {
+            match FileExt::read_exact_at(direct, bytes, offset) {
                 Ok(()) => return Ok(()),
                 Err(e) if direct::refused(&e) => self.direct_refused.store(true, Ordering::Relaxed),
                 Err(source) => return Err(BboltError::Io { offset, source }),
@@ -510,8 +539,7 @@ impl Db {
     }
 
     pub(crate) fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BboltError> {
-        self.file
-            .read_exact_at(buf, offset)
+        ReadAt::read_exact_at(&*self.file, buf, offset)
             .map_err(|source| BboltError::Io { offset, source })
     }
 

@@ -1,0 +1,286 @@
+//! The throwaway etcd of a drill: restore, start on free loopback ports,
+//! read back, stop.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use tokio::process::{Child, Command};
+
+use crate::snapshot::SnapshotReport;
+
+use super::{BackupMetadata, DrillOptions, DrillReport};
+
+const MEMBER: &str = "drill";
+
+/// Restores `snapshot`, starts etcd on it and records the `restore`,
+/// `start`, `revision`, `keys` and `prefixes` checks.
+pub(super) async fn restore_and_compare(
+    bin: Option<&Path>,
+    snapshot: &Path,
+    work: &Path,
+    meta: &BackupMetadata,
+    verified: &SnapshotReport,
+    options: &DrillOptions,
+    report: &mut DrillReport,
+) {
+    let Some(etcd) = find(bin, "etcd") else {
+        report.fail("restore", "no etcd binary in PATH");
+        return;
+    };
+    let Some(etcdctl) = find(bin, "etcdctl") else {
+        report.fail("restore", "no etcdctl binary in PATH");
+        return;
+    };
+    let (client_port, peer_port) = free_ports();
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let client = format!("http://127.0.0.1:{client_port}");
+    let data = work.join("data");
+    let (tool, mut restore) = match find(bin, "etcdutl") {
+        Some(etcdutl) => ("etcdutl", Command::new(etcdutl)),
+        None => ("etcdctl", Command::new(&etcdctl)),
+    };
+    report.restore_tool = Some(tool.into());
+    restore
+        .env("ETCDCTL_API", "3")
+        .arg("snapshot")
+        .arg("restore")
+        .arg(snapshot)
+        .arg(format!("--name={MEMBER}"))
+        .arg(format!("--data-dir={}", data.display()))
+        .arg(format!("--initial-cluster={MEMBER}={peer}"))
+        .arg(format!("--initial-advertise-peer-urls={peer}"));
+    match restore.stdin(Stdio::null()).output().await {
+        Ok(out) if out.status.success() => {
+            report.pass("restore", format!("{tool} snapshot restore"))
+        }
+        Ok(out) => {
+            report.fail("restore", format!("{tool}: {}", tail(&out.stderr)));
+            return;
+        }
+        Err(e) => {
+            report.fail("restore", format!("{tool}: {e}"));
+            return;
+        }
+    }
+
+    let log = work.join("etcd.log");
+    let mut child = match start(&etcd, &data, &client, &peer, &log) {
+        Ok(child) => child,
+        Err(e) => {
+            report.fail("start", format!("etcd: {e}"));
+            return;
+        }
+    };
+    let ctl = Ctl {
+        etcdctl,
+        endpoint: format!("127.0.0.1:{client_port}"),
+    };
+    let revision = wait_healthy(&mut child, &ctl, &log, options.start_timeout, report).await;
+    if let Some(revision) = revision {
+        compare(&ctl, revision, meta, verified, report).await;
+    }
+    let _ = child.kill().await;
+}
+
+fn start(etcd: &Path, data: &Path, client: &str, peer: &str, log: &Path) -> std::io::Result<Child> {
+    let out = std::fs::File::create(log)?;
+    Command::new(etcd)
+        .arg(format!("--name={MEMBER}"))
+        .arg(format!("--data-dir={}", data.display()))
+        .arg(format!("--listen-client-urls={client}"))
+        .arg(format!("--advertise-client-urls={client}"))
+        .arg(format!("--listen-peer-urls={peer}"))
+        .arg(format!("--initial-advertise-peer-urls={peer}"))
+        .arg(format!("--initial-cluster={MEMBER}={peer}"))
+        .arg("--log-level=warn")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .kill_on_drop(true)
+        .spawn()
+}
+
+/// Waits until the restored etcd answers; records `start` and returns its
+/// revision.
+async fn wait_healthy(
+    child: &mut Child,
+    ctl: &Ctl,
+    log: &Path,
+    timeout: Duration,
+    report: &mut DrillReport,
+) -> Option<i64> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read(log).unwrap_or_default();
+            report.fail("start", format!("etcd exited ({status}): {}", tail(&log)));
+            return None;
+        }
+        if let Some(status) = ctl.json(&["endpoint", "status"]).await {
+            let revision = status[0]["Status"]["header"]["revision"].as_i64();
+            if let Some(revision) = revision {
+                report.pass("start", format!("etcd healthy on {}", ctl.endpoint));
+                return Some(revision);
+            }
+        }
+        if Instant::now() > deadline {
+            report.fail("start", format!("etcd not answering after {timeout:?}"));
+            return None;
+        }
+        // A poll interval; the loop ends on an answer or the deadline.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn compare(
+    ctl: &Ctl,
+    revision: i64,
+    meta: &BackupMetadata,
+    verified: &SnapshotReport,
+    report: &mut DrillReport,
+) {
+    report.revision = Some(revision);
+    let expected = meta.snapshot.status.revision;
+    if revision != expected || verified.status.revision != expected {
+        report.fail(
+            "revision",
+            format!("etcd reports {revision}; the sidecar says {expected}"),
+        );
+        return;
+    }
+    report.pass("revision", revision.to_string());
+
+    // Every key from "" on (etcd 3.4's etcdctl has no --count-only):
+    // `count` is the number of keys, `kvs` the keys themselves.
+    let Some(listing) = ctl.json(&["get", "", "--from-key", "--keys-only"]).await else {
+        report.fail("keys", "etcdctl get --from-key --keys-only failed");
+        return;
+    };
+    let keys = listing["count"].as_u64().unwrap_or(0);
+    report.keys = Some(keys);
+    if keys != meta.snapshot.status.total_keys {
+        report.fail(
+            "keys",
+            format!(
+                "etcd holds {keys} keys; the sidecar says {}",
+                meta.snapshot.status.total_keys
+            ),
+        );
+        return;
+    }
+    report.pass("keys", keys.to_string());
+
+    let mut prefixes = BTreeMap::new();
+    for kv in listing["kvs"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let key = kv["key"]
+            .as_str()
+            .and_then(|k| BASE64.decode(k).ok())
+            .unwrap_or_default();
+        *prefixes.entry(top_prefix(&key)).or_insert(0u64) += 1;
+    }
+    let read: u64 = prefixes.values().sum();
+    report.prefixes = prefixes;
+    if read != keys {
+        report.fail("prefixes", format!("read {read} keys back of {keys}"));
+        return;
+    }
+    report.pass(
+        "prefixes",
+        format!("{} prefixes, {read} keys read", report.prefixes.len()),
+    );
+}
+
+/// The top-level prefix of a key: `/registry/<type>` for Kubernetes keys,
+/// else the first segment.
+pub(crate) fn top_prefix(key: &[u8]) -> String {
+    let key = String::from_utf8_lossy(key);
+    let segments = if key.starts_with("/registry/") {
+        3
+    } else if key.starts_with('/') {
+        2
+    } else {
+        1
+    };
+    key.splitn(segments + 1, '/')
+        .take(segments)
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+struct Ctl {
+    etcdctl: PathBuf,
+    endpoint: String,
+}
+
+impl Ctl {
+    /// `etcdctl ARGS -w json` against the drill's etcd, parsed.
+    async fn json(&self, args: &[&str]) -> Option<serde_json::Value> {
+        let out = Command::new(&self.etcdctl)
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoint))
+            .arg("--command-timeout=5s")
+            .args(args)
+            .args(["-w", "json"])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+}
+
+/// Looks `name` up in `dir`, or else in `PATH`.
+fn find(dir: Option<&Path>, name: &str) -> Option<PathBuf> {
+    let dirs: Vec<PathBuf> = match dir {
+        Some(dir) => vec![dir.to_owned()],
+        None => std::env::split_paths(&std::env::var_os("PATH")?).collect(),
+    };
+    dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+fn free_ports() -> (u16, u16) {
+    // Both held until both are known, so they differ.
+    let a = std::net::TcpListener::bind("127.0.0.1:0");
+    let b = std::net::TcpListener::bind("127.0.0.1:0");
+    let port = |l: &std::io::Result<std::net::TcpListener>| {
+        l.as_ref()
+            .ok()
+            .and_then(|l| l.local_addr().ok())
+            .map_or(0, |a| a.port())
+    };
+    (port(&a), port(&b))
+}
+
+fn tail(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_prefix;
+
+    #[test]
+    fn prefixes_are_the_kubernetes_type_or_the_first_segment() {
+        assert_eq!(
+            top_prefix(b"/registry/pods/default/web-0"),
+            "/registry/pods"
+        );
+        assert_eq!(top_prefix(b"/registry/secrets"), "/registry/secrets");
+        assert_eq!(top_prefix(b"/small/a"), "/small");
+        assert_eq!(top_prefix(b"plain"), "plain");
+        assert_eq!(top_prefix(b"a/b/c"), "a");
+    }
+}

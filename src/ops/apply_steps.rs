@@ -400,14 +400,17 @@ impl Ops {
         ))
     }
 
-    /// Whether the node's etcd service started after `since_ms`.
+    /// Whether the node's etcd service started after `since_ms`. Only the
+    /// states a service passes through as it starts count: a health check
+    /// records a `Running` event every period while nothing restarts
+    /// (machined's service runner, internal/app/machined/pkg/system/runner).
     async fn booted_since(&self, node: &str, since_ms: u64) -> Result<bool, crate::Error> {
         let services = self.client.node(node).service_list().await?;
         let since = time::OffsetDateTime::UNIX_EPOCH + Duration::from_millis(since_ms);
         Ok(services.iter().filter(|s| s.id == "etcd").any(|s| {
             s.events.iter().any(|e| {
                 e.ts.is_some_and(|ts| ts > since)
-                    && matches!(e.state.as_str(), "Waiting" | "Preparing" | "Running")
+                    && matches!(e.state.as_str(), "Waiting" | "Preparing")
             })
         }))
     }

@@ -307,19 +307,18 @@ impl Ops {
             file: format!("{node}'s configuration"),
             error: e.to_string(),
         })?;
+        let version = self.client.node(node).version().await?.tag;
+        let sa = super::sa_validation::IssuerCheck {
+            node,
+            version: &version,
+            role: super::MachineRole::of(&current),
+            allowed: &options.allow_issuer_change,
+        };
+        sa.known(file, new)?;
         let paths = current.changed_paths(new);
         let secrets = super::secret_paths::changed_secrets(&current, new);
         super::secret_paths::guard_paths(node, file, &paths, &secrets, &options.expect_change)?;
-        let version = self.client.node(node).version().await?.tag;
-        notes.push(
-            super::sa_validation::IssuerCheck {
-                node,
-                version: &version,
-                role: super::MachineRole::of(&current),
-                allowed: &options.allow_issuer_change,
-            }
-            .judge(file, &current, new)?,
-        );
+        notes.push(sa.judge(file, &current, new)?);
         let reboot = match try_dry_run(&self.client, node, config).await {
             Ok(DryRun::InPlace(summary)) => {
                 if paths.is_empty() && no_changes(&summary) {

@@ -182,11 +182,6 @@ impl SaValidation {
         self.issuers.first().map(String::as_str)
     }
 
-    /// The signing key's fingerprint.
-    pub(crate) fn signing_key(&self) -> Option<&str> {
-        self.keys.first().map(String::as_str)
-    }
-
     /// Derives it from `docs` as `derivation` does; an error is upstream's
     /// validation message for a document it refuses.
     pub(crate) fn derive(docs: &Documents, derivation: Derivation) -> Result<Self, String> {
@@ -349,6 +344,20 @@ pub(crate) struct IssuerCheck<'a> {
 }
 
 impl IssuerCheck<'_> {
+    /// Refuses a configuration holding a document kind the node's version
+    /// does not register, with upstream's words.
+    pub(crate) fn known(&self, file: &str, new: &Documents) -> Result<(), Refusal> {
+        match unregistered(new, Derivation::of(self.version)) {
+            None => Ok(()),
+            Some(message) => Err(Refusal::UnknownDocument {
+                node: self.node.into(),
+                version: self.version.into(),
+                file: file.into(),
+                message,
+            }),
+        }
+    }
+
     /// Refuses a configuration the version does not register, then a
     /// change that stops accepting an issuer, audience or key the API
     /// server accepts now, unless allowed for the node's role. Workers run
@@ -454,12 +463,11 @@ fn list_or_none(items: &[String]) -> String {
 
 fn describe(v: &SaValidation) -> String {
     format!(
-        "signing issuer {}, accepted issuers {}, audiences {}, signing key {}, accepted keys {}",
+        "signing issuer {}, accepted issuers {}, audiences {}, {} accepted key(s), the signing key kept",
         v.signing_issuer().unwrap_or("(none)"),
         list_or_none(&v.issuers),
         list_or_none(&v.audiences),
-        v.signing_key().unwrap_or("(none)"),
-        list_or_none(&v.keys)
+        v.keys.len()
     )
 }
 

@@ -463,11 +463,14 @@ fn list_or_none(items: &[String]) -> String {
 
 fn describe(v: &SaValidation) -> String {
     format!(
-        "signing issuer {}, accepted issuers {}, audiences {}, {} accepted key(s), the signing key kept",
+        "signing issuer {}, accepted issuers {}, audiences {}, {}",
         v.signing_issuer().unwrap_or("(none)"),
         list_or_none(&v.issuers),
         list_or_none(&v.audiences),
-        v.keys.len()
+        match v.keys.len() {
+            0 => "no service-account key in the configuration".to_string(),
+            n => format!("{n} accepted key(s), the signing key unchanged"),
+        }
     )
 }
 

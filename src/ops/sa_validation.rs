@@ -287,7 +287,7 @@ fn from_sa_document(doc: &Value, v1: &Value) -> Result<SaValidation, String> {
 fn arg_values(extra: &Value, name: &str) -> Option<Vec<String>> {
     Some(match extra.get(name)? {
         Value::String(s) if s.is_empty() => Vec::new(),
-        Value::Sequence(items) => items.iter().filter_map(|v| scalar(v)).collect(),
+        Value::Sequence(items) => items.iter().filter_map(scalar).collect(),
         other => scalar(other).into_iter().collect(),
     })
 }

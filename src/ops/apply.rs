@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use super::cluster::ClusterView;
-use super::config_diff::{Documents, covered, string_at};
+use super::config_diff::Documents;
 use super::join::read_file;
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo};
 use super::spec::millis;
@@ -50,10 +50,11 @@ pub struct ApplyOptions {
     /// refuses.
     #[serde(default)]
     pub expect_change: Vec<String>,
-    /// Allow a change of the service-account issuer (by default refused:
-    /// it breaks every token issued so far).
-    #[serde(default)]
-    pub allow_issuer_change: bool,
+    /// The node roles whose API servers may stop accepting a
+    /// service-account issuer, audience or key (by default none: it breaks
+    /// every token issued so far). Workers are never judged.
+    #[serde(default, deserialize_with = "super::sa_validation::roles_or_bool")]
+    pub allow_issuer_change: Vec<super::MachineRole>,
     /// Allow a change that needs a reboot (applied in REBOOT mode, with no
     /// automatic rollback).
     #[serde(default)]
@@ -91,7 +92,7 @@ impl ApplyOptions {
             nodes,
             config_path,
             expect_change: Vec::new(),
-            allow_issuer_change: false,
+            allow_issuer_change: Vec::new(),
             allow_reboot: false,
             try_timeout: Self::DEFAULT_TRY_TIMEOUT,
             reboot_timeout: Self::DEFAULT_REBOOT_TIMEOUT,
@@ -231,40 +232,6 @@ pub(crate) fn no_changes(summary: &str) -> bool {
     summary.trim_end().ends_with("No changes.")
 }
 
-/// The service-account issuer a configuration gives the API server: a
-/// pinned one (a `KubeServiceAccountConfig` document's `issuer.issuerURL`,
-/// or `cluster.apiServer.extraArgs.service-account-issuer`), else the
-/// control-plane endpoint, which Talos uses by default
-/// (internal/app/machined/pkg/controllers/k8s/control_plane_static_pod.go).
-fn issuer(docs: &Documents) -> (Option<String>, bool) {
-    if let Some(url) = docs
-        .of_kind("KubeServiceAccountConfig")
-        .and_then(|d| string_at(d, &["issuer", "issuerURL"]))
-    {
-        return (Some(url.to_string()), true);
-    }
-    let extra = docs
-        .v1alpha1()
-        .get("cluster")
-        .and_then(|c| c.get("apiServer"))
-        .and_then(|a| a.get("extraArgs"))
-        .and_then(|e| e.get("service-account-issuer"));
-    let pinned = match extra {
-        Some(serde_norway::Value::String(s)) if !s.is_empty() => Some(s.clone()),
-        Some(serde_norway::Value::Sequence(list)) => {
-            list.first().and_then(|v| v.as_str()).map(str::to_string)
-        }
-        _ => None,
-    };
-    if pinned.is_some() {
-        return (pinned, true);
-    }
-    (
-        string_at(docs.v1alpha1(), &["cluster", "controlPlane", "endpoint"]).map(str::to_string),
-        false,
-    )
-}
-
 impl Ops {
     /// Preflight of an apply: for each node, reads its configuration and
     /// dry-runs the file (in TRY mode), then refuses, changing nothing, when
@@ -340,9 +307,18 @@ impl Ops {
             file: format!("{node}'s configuration"),
             error: e.to_string(),
         })?;
+        let version = self.client.node(node).version().await?.tag;
+        let sa = super::sa_validation::IssuerCheck {
+            node,
+            version: &version,
+            role: super::MachineRole::of(&current),
+            allowed: &options.allow_issuer_change,
+        };
+        sa.known(file, new)?;
         let paths = current.changed_paths(new);
-        guard_paths(node, file, &paths, &options.expect_change)?;
-        guard_issuer(node, &current, new, options.allow_issuer_change)?;
+        let secrets = super::secret_paths::changed_secrets(&current, new);
+        super::secret_paths::guard_paths(node, file, &paths, &secrets, &options.expect_change)?;
+        notes.push(sa.judge(file, &current, new)?);
         let reboot = match try_dry_run(&self.client, node, config).await {
             Ok(DryRun::InPlace(summary)) => {
                 if paths.is_empty() && no_changes(&summary) {
@@ -378,60 +354,6 @@ impl Ops {
         };
         Ok(Some((paths, reboot)))
     }
-}
-
-fn guard_paths(
-    node: &str,
-    file: &str,
-    paths: &[String],
-    expected: &[String],
-) -> Result<(), Refusal> {
-    if expected.is_empty() {
-        return Ok(());
-    }
-    let unexpected: Vec<String> = paths
-        .iter()
-        .filter(|p| !expected.iter().any(|e| covered(p, e)))
-        .cloned()
-        .collect();
-    if unexpected.is_empty() {
-        return Ok(());
-    }
-    Err(Refusal::UnexpectedChange {
-        node: node.into(),
-        file: file.into(),
-        paths: unexpected,
-        expected: expected.to_vec(),
-    })
-}
-
-/// Refuses a change of the service-account issuer: every token issued with
-/// the old one is rejected until renewed (the seeds' first surprise).
-fn guard_issuer(
-    node: &str,
-    current: &Documents,
-    new: &Documents,
-    allowed: bool,
-) -> Result<(), Refusal> {
-    let (old_issuer, _) = issuer(current);
-    let (new_issuer, pinned) = issuer(new);
-    if allowed || old_issuer == new_issuer {
-        return Ok(());
-    }
-    let old = old_issuer.unwrap_or_else(|| "(none)".into());
-    let new_value = new_issuer.unwrap_or_else(|| "(none)".into());
-    let cause = if pinned {
-        format!("the service-account issuer changes from {old} to {new_value}")
-    } else {
-        format!(
-            "cluster.controlPlane.endpoint changes to {new_value} while the service-account issuer is not pinned, so the issuer changes from {old} to {new_value}"
-        )
-    };
-    Err(Refusal::IssuerChange {
-        node: node.into(),
-        cause,
-        old,
-    })
 }
 
 fn node_steps(node: &str, file: &str, reboot: bool, options: &ApplyOptions) -> Vec<PlannedStep> {

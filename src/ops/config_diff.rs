@@ -71,6 +71,27 @@ impl Documents {
             .map(|(_, v)| v)
     }
 
+    /// Each document other than v1alpha1 as (`kind`, `apiVersion`).
+    pub(crate) fn kinds(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.docs
+            .iter()
+            .filter(|(id, _)| !id.is_empty())
+            .map(|(_, v)| {
+                (
+                    v.get("kind").and_then(Value::as_str).unwrap_or_default(),
+                    v.get("apiVersion")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default(),
+                )
+            })
+    }
+
+    /// Every document with its identity (`Kind`, `Kind[name]`, "" for
+    /// v1alpha1).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
+        self.docs.iter().map(|(id, v)| (id.as_str(), v))
+    }
+
     /// The paths that differ between `self` (old) and `new`, sorted.
     pub(crate) fn changed_paths(&self, new: &Documents) -> Vec<String> {
         let mut paths = Vec::new();

@@ -46,6 +46,8 @@ pub(crate) mod plan;
 mod policy;
 mod refusal;
 mod retire;
+mod sa_validation;
+mod secret_paths;
 mod snapshot;
 mod spec;
 mod stop;
@@ -70,6 +72,7 @@ pub use plan::{Facts, Plan, PlannedStep, Step};
 pub use policy::Source;
 pub use refusal::Refusal;
 pub use retire::{PlannedMember, RetireFacts, RetireStep};
+pub use sa_validation::MachineRole;
 pub use snapshot::{SnapshotFacts, SnapshotStep};
 pub use spec::{
     ApplyOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpKind, OpSpec, RetireOptions,

@@ -148,17 +148,62 @@ pub enum Refusal {
         /// The expected ones.
         expected: Vec<String>,
     },
-    /// The service-account issuer would change.
+    /// The API server's service-account validation would stop accepting
+    /// an issuer, audience or key it accepts now.
     #[error(
-        "{node}: {cause}: every service-account token issued so far (the projected tokens of pods such as CoreDNS, the CNI agents and operators, and tokens held outside the cluster) is rejected as Unauthorized until it is renewed. Pin the issuer to {old} (a KubeServiceAccountConfig document with issuer.issuerURL: {old}, or cluster.apiServer.extraArgs.service-account-issuer)"
+        "{node} (Talos {version}, {role}): {}: every service-account token issued so far (the projected tokens of pods such as CoreDNS, the CNI agents and operators, and tokens held outside the cluster) is rejected as Unauthorized until it is renewed. Keep them accepted: {}",
+        .lost.join("; "), pin_advice(.version, .old)
     )]
     IssuerChange {
         /// The node.
         node: String,
-        /// What changes, in words.
-        cause: String,
-        /// The current issuer.
+        /// The Talos version it runs.
+        version: String,
+        /// Its role.
+        role: String,
+        /// What would no longer be accepted, in words.
+        lost: Vec<String>,
+        /// The current signing issuer.
         old: String,
+    },
+    /// The file holds a document the node's Talos version does not know.
+    #[error("{node} runs Talos {version}, which refuses {file}: {message}")]
+    UnknownDocument {
+        /// The node.
+        node: String,
+        /// The Talos version it runs.
+        version: String,
+        /// The file.
+        file: String,
+        /// Upstream's words.
+        message: String,
+    },
+    /// A change while no change was expected.
+    #[error(
+        "{node}: {file} changes {}, and no change was expected: name each path expected to change",
+        .paths.join(", ")
+    )]
+    ChangeNotExpected {
+        /// The node.
+        node: String,
+        /// The file.
+        file: String,
+        /// The changed paths.
+        paths: Vec<String>,
+    },
+    /// A secret (CA, key, token, encryption secret) changes without being
+    /// named itself.
+    #[error(
+        "{node}: {file} changes the secret(s) {}: a secret must be named itself as an expected change, even inside an expected document or section",
+        .paths.join(", ")
+    )]
+    SecretChange {
+        /// The node.
+        node: String,
+        /// The file.
+        file: String,
+        /// The secret paths not named.
+        paths: Vec<String>,
     },
     /// The change needs a reboot, so it cannot be tried.
     #[error(
@@ -222,4 +267,16 @@ pub enum Refusal {
         /// The fingerprint of a plan made now.
         now: String,
     },
+}
+
+/// How to keep the old issuer and audience, on the node's version.
+fn pin_advice(version: &str, old: &str) -> String {
+    match super::sa_validation::Derivation::of(version) {
+        super::sa_validation::Derivation::V1_13 => format!(
+            "on Talos {version} set both cluster.apiServer.extraArgs.service-account-issuer and api-audiences to {old} (KubeServiceAccountConfig does not exist before 1.14), and keep cluster.serviceAccount.key"
+        ),
+        super::sa_validation::Derivation::V1_14 => format!(
+            "on Talos {version} a KubeServiceAccountConfig document with issuer.issuerURL {old} (or the new URL with {old} under accepted.issuers and accepted.audiences), with the same issuer.privateKey"
+        ),
+    }
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use talos_client::ops::{
-    ApplyOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpRecord, OpSpec, OpState, Plan,
-    RetireOptions, SnapshotOptions, StepState,
+    ApplyOptions, JoinOptions, MachineRole, MaintenanceApply, MigrateOptions, OpRecord, OpSpec,
+    OpState, Plan, RetireOptions, SnapshotOptions, StepState,
 };
 
 mod events;
@@ -163,7 +163,7 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
                     .display()
                     .to_string(),
                 expect_change: o.expect_change.clone(),
-                allow_issuer_change: o.allow_issuer_change,
+                allow_issuer_change: !o.allow_issuer_change.is_empty(),
                 allow_reboot: o.allow_reboot,
                 try_timeout_s: secs(o.try_timeout),
                 reboot_timeout_s: secs(o.reboot_timeout),
@@ -209,7 +209,11 @@ pub fn spec_from_proto(kind: Kind) -> OpSpec {
         Kind::Apply(p) => {
             let mut o = ApplyOptions::new(p.nodes, p.config_path.into());
             o.expect_change = p.expect_change;
-            o.allow_issuer_change = p.allow_issuer_change;
+            // The wire keeps a bool: true allows the roles that run an API
+            // server.
+            if p.allow_issuer_change {
+                o.allow_issuer_change = vec![MachineRole::Controlplane, MachineRole::Init];
+            }
             o.allow_reboot = p.allow_reboot;
             o.try_timeout = or_default(p.try_timeout_s, o.try_timeout);
             o.reboot_timeout = or_default(p.reboot_timeout_s, o.reboot_timeout);

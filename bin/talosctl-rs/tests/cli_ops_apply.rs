@@ -118,6 +118,8 @@ async fn a_failing_check_sends_nothing_more_and_the_rollback_is_verified() {
         .apply(
             &file,
             &[
+                "--expect-change",
+                "machine.certSANs",
                 "--try-timeout",
                 "3s",
                 "--check",
@@ -188,24 +190,58 @@ async fn an_endpoint_change_needs_the_issuer_pinned() {
     let old_endpoint = format!("https://{}:6443", f.sim.ip(1));
     let endpoint = (old_endpoint.as_str(), "https://k8s.example:6443");
     let file = f.config_with("endpoint.yaml", &[endpoint]);
+    // Nothing expected: any change is refused, with the changed paths.
     let run = f.apply(&file, &[]).await;
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(
         run.stderr
-            .contains("while the service-account issuer is not pinned"),
+            .contains("changes cluster.controlPlane.endpoint, and no change was expected"),
+        "{}",
+        run.stderr
+    );
+    let expect = ["--expect-change", "cluster.controlPlane.endpoint"];
+    let run = f.apply(&file, &expect).await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!(
+            "(Talos v1.13.9, controlplane): the issuer(s) {old_endpoint} would no longer be accepted"
+        )),
         "{}",
         run.stderr
     );
     assert!(
-        run.stderr.contains("--allow-issuer-change"),
+        run.stderr.contains("--allow-issuer-change controlplane"),
         "{}",
         run.stderr
     );
     assert_eq!(node.active_config(), before);
-    // The operator may accept it knowingly (plan only here).
-    f.apply(&file, &["--plan", "--allow-issuer-change"])
-        .await
-        .ok();
+    // The operator may accept it knowingly for the control plane (plan only
+    // here); allowing it for workers does not cover this node.
+    f.apply(
+        &file,
+        &[
+            expect[0],
+            expect[1],
+            "--plan",
+            "--allow-issuer-change",
+            "controlplane",
+        ],
+    )
+    .await
+    .ok();
+    let run = f
+        .apply(
+            &file,
+            &[
+                expect[0],
+                expect[1],
+                "--plan",
+                "--allow-issuer-change",
+                "worker",
+            ],
+        )
+        .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
 
     // With the old issuer pinned, the change goes through. Talos 1.13.9 (the
     // simulator's default) has no KubeServiceAccountConfig (its config
@@ -233,6 +269,126 @@ async fn an_endpoint_change_needs_the_issuer_pinned() {
     assert!(node.active_config().contains("k8s.example"));
 }
 
+/// Talos 1.13.9 derives --api-audiences from the endpoint too: pinning the
+/// issuer alone still rejects every token bound to the old audience; and it
+/// does not know KubeServiceAccountConfig at all.
+#[tokio::test]
+async fn an_issuer_pin_without_the_audiences_is_refused_on_1_13_9() {
+    let f = Fixture::start(1).await;
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    let before = node.active_config();
+    let old_endpoint = format!("https://{}:6443", f.sim.ip(1));
+    let endpoint = (old_endpoint.as_str(), "https://k8s.example:6443");
+    let pin = format!(
+        "cluster:\n  apiServer:\n    extraArgs:\n      service-account-issuer: {old_endpoint}\n"
+    );
+    let file = f.config_with(
+        "issuer-only.yaml",
+        &[endpoint, ("cluster:\n", pin.as_str())],
+    );
+    let expect = [
+        "--expect-change",
+        "cluster.controlPlane.endpoint",
+        "--expect-change",
+        "cluster.apiServer",
+    ];
+    let run = f.apply(&file, &expect).await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let ip = f.sim.ip(1);
+    assert!(
+        run.stderr.contains(&format!(
+            "{ip} (Talos v1.13.9, controlplane): the API audience(s) {old_endpoint} would no longer be accepted (audiences after: https://k8s.example:6443)"
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr
+            .contains("both cluster.apiServer.extraArgs.service-account-issuer and api-audiences")
+            && run.stderr.contains("hint:")
+            && run.stderr.contains("--allow-issuer-change controlplane"),
+        "{}",
+        run.stderr
+    );
+
+    // Seed 003's pin: a document 1.13.9 does not register.
+    let mut config = std::fs::read_to_string(f.sim.dir.path().join("controlplane.yaml"))
+        .unwrap()
+        .replace(endpoint.0, endpoint.1);
+    config.push_str(&format!(
+        "---\napiVersion: v1alpha1\nkind: KubeServiceAccountConfig\nissuer:\n  issuerURL: {old_endpoint}\n"
+    ));
+    let sa = f.state.path().join("sa.yaml");
+    std::fs::write(&sa, config).unwrap();
+    let run = f
+        .apply(&sa, &["--expect-change", "cluster.controlPlane.endpoint"])
+        .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("runs Talos v1.13.9, which refuses")
+            && run
+                .stderr
+                .contains("\"KubeServiceAccountConfig\" \"v1alpha1\": not registered"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(f.ops(&["list"]).await.ok().json(), serde_json::json!([]));
+    assert_eq!(node.active_config(), before);
+    assert!(!node.rollback_pending());
+}
+
+#[tokio::test]
+async fn a_secret_must_be_named_itself_and_nothing_expected_refuses_any_change() {
+    let f = Fixture::start(1).await;
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    let before = node.active_config();
+    let file = f.config_with(
+        "token.yaml",
+        &[("token: talos-sim-token", "token: rotated"), SANS],
+    );
+    // Nothing expected: the changed paths are shown and refused.
+    let run = f.apply(&file, &[]).await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("changes machine.certSANs, machine.token, and no change was expected")
+            && run
+                .stderr
+                .contains("hint: name each changed path with --expect-change"),
+        "{}",
+        run.stderr
+    );
+    // A token is a secret: its section does not cover it.
+    let run = f.apply(&file, &["--expect-change", "machine"]).await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("changes the secret(s) machine.token")
+            && run.stderr.contains("hint: name each secret path itself"),
+        "{}",
+        run.stderr
+    );
+    // Named, it reaches the node's own verdict (a reboot here).
+    let run = f
+        .apply(
+            &file,
+            &[
+                "--expect-change",
+                "machine",
+                "--expect-change",
+                "machine.token",
+            ],
+        )
+        .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("cannot be applied without a reboot"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(f.ops(&["list"]).await.ok().json(), serde_json::json!([]));
+    assert_eq!(node.active_config(), before);
+}
+
 #[tokio::test]
 async fn a_change_that_needs_a_reboot_is_refused_unless_allowed() {
     let f = Fixture::start(3).await;
@@ -242,7 +398,7 @@ async fn a_change_that_needs_a_reboot_is_refused_unless_allowed() {
         "token.yaml",
         &[("token: talos-sim-token", "token: rotated")],
     );
-    let run = f.apply(&file, &[]).await;
+    let run = f.apply(&file, &["--expect-change", "machine.token"]).await;
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(
         run.stderr.contains("cannot be applied without a reboot"),
@@ -253,7 +409,16 @@ async fn a_change_that_needs_a_reboot_is_refused_unless_allowed() {
     assert_eq!(node.active_config(), before);
 
     let run = f
-        .apply(&file, &["--allow-reboot", "--reboot-timeout", "2m"])
+        .apply(
+            &file,
+            &[
+                "--expect-change",
+                "machine.token",
+                "--allow-reboot",
+                "--reboot-timeout",
+                "2m",
+            ],
+        )
         .await
         .ok();
     assert!(
@@ -287,6 +452,8 @@ async fn crash_and_resume(point: &str) {
         "apply",
         "-f",
         file.to_str().unwrap(),
+        "--expect-change",
+        "machine.certSANs",
         "--try-timeout",
         "30s",
     ];
@@ -359,6 +526,8 @@ async fn several_nodes_go_one_at_a_time_and_stop_at_the_first_failure() {
             "apply",
             "-f",
             file.to_str().unwrap(),
+            "--expect-change",
+            "machine.certSANs",
             "--try-timeout",
             "3s",
             "--check",
@@ -400,6 +569,8 @@ async fn a_crash_after_the_reboot_answered_resumes_to_the_node_back() {
         "apply",
         "-f",
         file.to_str().unwrap(),
+        "--expect-change",
+        "machine.token",
         "--allow-reboot",
     ];
     let point = format!("answered:reboot {ip}");

@@ -145,10 +145,12 @@ pub enum OpsCommand {
         /// refuses. E.g. cluster.controlPlane.endpoint, Layer2VIPConfig.
         #[arg(long = "expect-change", value_name = "PATH")]
         expect_change: Vec<String>,
-        /// Allow a change of the service-account issuer (it breaks every
-        /// token issued so far).
-        #[arg(long)]
-        allow_issuer_change: bool,
+        /// Allow the API servers of nodes of ROLE (controlplane, init) to
+        /// stop accepting a service-account issuer, audience or key: it
+        /// breaks every token issued so far (repeatable; workers are never
+        /// judged).
+        #[arg(long = "allow-issuer-change", value_name = "ROLE")]
+        allow_issuer_change: Vec<talos_client::ops::MachineRole>,
         /// Allow a change that needs a reboot: applied in REBOOT mode, with
         /// no automatic rollback.
         #[arg(long)]
@@ -262,7 +264,7 @@ impl OpsCommand {
                 let path = std::path::absolute(file).unwrap_or_else(|_| file.clone());
                 let mut o = ApplyOptions::new(nodes, path);
                 o.expect_change = expect_change.clone();
-                o.allow_issuer_change = *allow_issuer_change;
+                o.allow_issuer_change = allow_issuer_change.clone();
                 o.allow_reboot = *allow_reboot;
                 set(&mut o.try_timeout, try_timeout);
                 set(&mut o.reboot_timeout, reboot_timeout);

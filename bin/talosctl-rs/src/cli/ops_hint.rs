@@ -49,7 +49,16 @@ fn refusal_hint(refusal: &Refusal) -> Option<&'static str> {
             "add the path with --expect-change once the change is understood"
         }
         Refusal::IssuerChange { .. } => {
-            "pin the issuer in the file, or pass --allow-issuer-change to break the existing tokens"
+            "keep the old issuer, audiences and key accepted in the file (see above), or pass --allow-issuer-change controlplane to break the existing tokens on the control plane"
+        }
+        Refusal::UnknownDocument { .. } => {
+            "remove the document the node's Talos version does not know, or upgrade the node first"
+        }
+        Refusal::ChangeNotExpected { .. } => {
+            "name each changed path with --expect-change PATH once the change is understood"
+        }
+        Refusal::SecretChange { .. } => {
+            "name each secret path itself with --expect-change PATH (a document or section does not cover its secrets)"
         }
         Refusal::NeedsReboot { .. } => {
             "pass --allow-reboot to apply it with a reboot and no automatic rollback"

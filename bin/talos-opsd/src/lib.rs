@@ -4,6 +4,7 @@
 //! (and optionally TCP with mutual TLS), scheduled verified snapshots with
 //! a catalogue and retention, Prometheus metrics and an audit log.
 
+pub mod accept;
 pub mod catalogue;
 pub mod config;
 pub mod daemon;

@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use anyhow::Context as _;
 use rustls_pki_types::pem::PemObject as _;
@@ -19,6 +18,7 @@ use tokio::net::{TcpStream, UnixListener};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
+use crate::accept;
 use crate::config::TcpConfig;
 
 /// The default socket: `$XDG_RUNTIME_DIR/talos-opsd.sock`, or
@@ -72,10 +72,55 @@ pub struct TlsPeer {
     pub addr: SocketAddr,
 }
 
-/// A TLS connection that tells tonic who the peer is.
+/// A TLS connection that tells tonic who the peer is (and holds its place
+/// under the listener's connection cap).
 pub struct TlsConn {
-    stream: TlsStream<TcpStream>,
+    stream: accept::Held<TlsStream<TcpStream>>,
     peer: TlsPeer,
+}
+
+impl TlsConn {
+    fn new(
+        stream: TlsStream<TcpStream>,
+        addr: SocketAddr,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> TlsConn {
+        let subject = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|c| {
+                x509_parser::parse_x509_certificate(c.as_ref())
+                    .ok()
+                    .map(|(_, cert)| cert.subject().to_string())
+            })
+            .unwrap_or_default();
+        TlsConn {
+            stream: accept::Held::new(stream, permit),
+            peer: TlsPeer { subject, addr },
+        }
+    }
+}
+
+/// The TLS handshake on `tcp`, within [`accept::TLS_HANDSHAKE_TIMEOUT`];
+/// a refusal or a timeout is audited.
+async fn handshake_with(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    tcp: TcpStream,
+    addr: SocketAddr,
+) -> Option<TlsStream<TcpStream>> {
+    match tokio::time::timeout(accept::TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            tracing::warn!(target: "audit", who = %addr, "TLS handshake refused: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(target: "audit", who = %addr, "TLS handshake timed out");
+            None
+        }
+    }
 }
 
 impl Connected for TlsConn {
@@ -151,43 +196,33 @@ pub fn tls_incoming(
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<TlsConn>> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(accept::MAX_TLS_HANDSHAKES));
+    let listener = Arc::new(listener);
     tokio::spawn(async move {
-        loop {
-            let Ok((tcp, addr)) = listener.accept().await else {
-                continue;
-            };
-            let acceptor = acceptor.clone();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let handshake =
-                    tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await;
-                let stream = match handshake {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(e)) => {
-                        tracing::warn!(target: "audit", who = %addr, "TLS handshake refused: {e}");
-                        return;
-                    }
-                    Err(_) => return,
+        accept::run(
+            "tcp",
+            accept::MAX_TCP_CONNECTIONS,
+            || {
+                let listener = Arc::clone(&listener);
+                async move { listener.accept().await }
+            },
+            |(tcp, addr), permit| {
+                let Ok(handshake) = Arc::clone(&handshakes).try_acquire_owned() else {
+                    tracing::warn!(target: "audit", who = %addr, "TLS handshake refused: too many handshakes in progress");
+                    return;
                 };
-                let subject = stream
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|c| c.first())
-                    .and_then(|c| {
-                        x509_parser::parse_x509_certificate(c.as_ref())
-                            .ok()
-                            .map(|(_, cert)| cert.subject().to_string())
-                    })
-                    .unwrap_or_default();
-                let _ = tx
-                    .send(Ok(TlsConn {
-                        stream,
-                        peer: TlsPeer { subject, addr },
-                    }))
-                    .await;
-            });
-        }
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let Some(stream) = handshake_with(&acceptor, tcp, addr).await else {
+                        return;
+                    };
+                    drop(handshake);
+                    let _ = tx.send(Ok(TlsConn::new(stream, addr, permit))).await;
+                });
+            },
+        )
+        .await;
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }

@@ -1,0 +1,105 @@
+//! The daemon under resource pressure and extreme input: out of file
+//! descriptors it backs off instead of spinning and serves again once
+//! descriptors are free.
+
+mod daemon;
+
+use std::time::Duration;
+
+use daemon::Daemon;
+use talos_opsd::proto::ListOperationsRequest;
+use talos_test_support::sim::wait_for;
+
+/// User plus system CPU time of `pid`, in clock ticks.
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (which is in parentheses).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// Sets the soft descriptor limit of `pid` (the hard one stays, so it can
+/// be raised again without privileges).
+fn set_nofile(pid: i32, limit: u64) {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit on a child we own, reading into a valid rlimit.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let new = libc::rlimit {
+        rlim_cur: limit.min(old.rlim_max),
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: as above, with a valid rlimit and no old value.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_daemon_backs_off_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), "").await;
+    let mut client = d.client().await;
+    client
+        .list_operations(ListOperationsRequest::default())
+        .await
+        .unwrap();
+    let pid = d.child.as_ref().unwrap().id() as i32;
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count() as u64;
+    set_nofile(pid, open + 4);
+
+    // More connections than the daemon has descriptors left: the rest wait
+    // in the backlog, and each accept fails with EMFILE.
+    let flood: Vec<_> = (0..32)
+        .map(|_| std::os::unix::net::UnixStream::connect(&d.socket).unwrap())
+        .collect();
+    let limit = open + 4;
+    wait_for(
+        "the daemon at its descriptor limit",
+        Duration::from_secs(20),
+        || async move {
+            let now = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+            (now >= limit).then_some(())
+        },
+    )
+    .await;
+
+    // A measuring window (not a synchronisation): a spinning accept loop
+    // burns a whole core; backing off uses next to nothing.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    let before = cpu_ticks(pid);
+    let window = Duration::from_secs(2);
+    tokio::time::sleep(window).await;
+    let used = cpu_ticks(pid) - before;
+    let budget = ticks_per_second * window.as_secs() / 4;
+    assert!(
+        used < budget,
+        "the daemon used {used} ticks of CPU in {window:?} (budget {budget}) while out of descriptors"
+    );
+
+    assert!(
+        d.log_text().contains("out of file descriptors"),
+        "{}",
+        d.log_text()
+    );
+    drop(flood);
+    set_nofile(pid, 1024);
+    let socket = d.socket.clone();
+    wait_for("the daemon serving again", Duration::from_secs(20), || {
+        let socket = socket.clone();
+        async move {
+            let mut client = daemon::connect_unix(&socket).await;
+            client
+                .list_operations(ListOperationsRequest::default())
+                .await
+                .ok()
+        }
+    })
+    .await;
+}

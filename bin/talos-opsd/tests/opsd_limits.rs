@@ -1,6 +1,7 @@
 //! The daemon under resource pressure and extreme input: out of file
 //! descriptors it backs off instead of spinning and serves again once
-//! descriptors are free.
+//! descriptors are free; bad input gets one code per cause and a short,
+//! quoted echo.
 
 mod daemon;
 
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use daemon::Daemon;
 use talos_opsd::proto::ListOperationsRequest;
+use talos_opsd::proto::{self, start_operation_request::Kind};
 use talos_test_support::sim::wait_for;
 
 /// User plus system CPU time of `pid`, in clock ticks.
@@ -102,4 +104,88 @@ async fn out_of_descriptors_the_daemon_backs_off_and_recovers() {
         }
     })
     .await;
+}
+
+fn snapshot_on(cluster: &str) -> proto::StartOperationRequest {
+    proto::StartOperationRequest {
+        cluster: cluster.into(),
+        plan_fingerprint: String::new(),
+        kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
+    }
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> tonic::Code {
+    r.unwrap_err().code()
+}
+
+/// One code per cause, in every call: an unknown cluster or id is
+/// NOT_FOUND, a malformed id or state is INVALID_ARGUMENT, and ids are
+/// never patterns.
+#[tokio::test]
+async fn one_code_per_cause_in_every_call() {
+    use tonic::Code;
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), "").await;
+    let mut c = d.client().await;
+
+    assert_eq!(
+        code(c.plan_operation(snapshot_on("nope")).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(c.start_operation(snapshot_on("nope")).await),
+        Code::NotFound
+    );
+    let list = |cluster: &str, state: &str| proto::ListOperationsRequest {
+        cluster: cluster.into(),
+        state: state.into(),
+    };
+    assert_eq!(
+        code(c.list_operations(list("nope", "")).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            c.list_snapshots(proto::ListSnapshotsRequest {
+                cluster: "nope".into()
+            })
+            .await
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(c.list_operations(list("", "bogus")).await),
+        Code::InvalidArgument
+    );
+    c.list_operations(list("", "needs-attention"))
+        .await
+        .unwrap();
+
+    for (id, want) in [
+        ("20260101T000000-abcdef", Code::NotFound),
+        ("%", Code::InvalidArgument),
+        ("%b77554", Code::InvalidArgument),
+        ("2026_", Code::InvalidArgument),
+        ("", Code::InvalidArgument),
+    ] {
+        let get = c
+            .get_operation(proto::GetOperationRequest { id: id.into() })
+            .await;
+        assert_eq!(code(get), want, "get {id:?}");
+        let watch = c
+            .watch_operation(proto::WatchOperationRequest { id: id.into() })
+            .await;
+        assert_eq!(code(watch), want, "watch {id:?}");
+        let cancel = c
+            .cancel_operation(proto::CancelOperationRequest { id: id.into() })
+            .await;
+        assert_eq!(code(cancel), want, "cancel {id:?}");
+    }
+    let long = "a".repeat(3 << 20);
+    let get = c
+        .get_operation(proto::GetOperationRequest { id: long })
+        .await;
+    let status = get.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    assert!(status.message().len() < 200, "{}", status.message().len());
 }

@@ -10,6 +10,7 @@ use talos_client::ops::{OpRecord, OpSpec, OpsError, StepState};
 use talos_opsd_api::{plan_to_proto, record_to_proto, spec_from_proto, state_name, step_events};
 use tonic::{Request, Response, Status};
 
+use crate::input;
 use crate::listen::TlsPeer;
 use crate::manager::{self, Manager, StartError};
 use crate::proto;
@@ -66,7 +67,7 @@ fn audit<T>(who: &str, what: &str, result: &Result<T, Status>) {
             who,
             what,
             result = ?status.code(),
-            reason = status.message()
+            reason = %input::truncated(status.message(), 1024)
         ),
     }
 }
@@ -156,16 +157,20 @@ fn status_of_start(error: StartError) -> Status {
 
 /// The spec a request asks for, and the request in words for the audit.
 fn spec_of(request: &proto::StartOperationRequest) -> Result<(OpSpec, String), Status> {
+    input::check_name(&request.cluster)?;
+    input::check_fingerprint(&request.plan_fingerprint)?;
     let kind = request
         .kind
         .clone()
         .ok_or_else(|| Status::invalid_argument("no operation kind given"))?;
     let spec = spec_from_proto(kind);
+    let params = serde_json::to_value(&spec).unwrap_or_default();
+    input::check_fields(&params)?;
     let what = format!(
-        "{} {} on cluster {:?}",
+        "{} {} on cluster {}",
         spec.kind(),
-        serde_json::to_string(&spec).unwrap_or_default(),
-        request.cluster
+        input::truncated(&params.to_string(), 1024),
+        quoted(&request.cluster)
     );
     Ok((spec, what))
 }
@@ -180,7 +185,7 @@ impl proto::opsd_server::Opsd for Service {
     ) -> Result<Response<proto::Plan>, Status> {
         let who = who(&request);
         let request = request.into_inner();
-        let mut what = format!("plan on cluster {:?}", request.cluster);
+        let mut what = format!("plan on cluster {}", quoted(&request.cluster));
         let result = async {
             let (spec, described) = spec_of(&request)?;
             what = format!("plan {described}");
@@ -193,7 +198,7 @@ impl proto::opsd_server::Opsd for Service {
         }
         .await;
         audit(&who, &what, &result);
-        result
+        result.map_err(input::bounded)
     }
 
     async fn start_operation(
@@ -202,7 +207,7 @@ impl proto::opsd_server::Opsd for Service {
     ) -> Result<Response<proto::Operation>, Status> {
         let who = who(&request);
         let request = request.into_inner();
-        let mut what = format!("start on cluster {:?}", request.cluster);
+        let mut what = format!("start on cluster {}", quoted(&request.cluster));
         let result = async {
             let (spec, described) = spec_of(&request)?;
             what = format!("start {described}");
@@ -216,7 +221,7 @@ impl proto::opsd_server::Opsd for Service {
         }
         .await;
         audit(&who, &what, &result);
-        result
+        result.map_err(input::bounded)
     }
 
     async fn get_operation(
@@ -227,7 +232,7 @@ impl proto::opsd_server::Opsd for Service {
         let id = request.into_inner().id;
         let result = lookup(&self.manager, &id).map(|r| Response::new(self.record(&r, Vec::new())));
         audit(&who, &format!("get {}", quoted(&id)), &result);
-        result
+        result.map_err(input::bounded)
     }
 
     async fn list_operations(
@@ -237,6 +242,7 @@ impl proto::opsd_server::Opsd for Service {
         let who = who(&request);
         let filter = request.into_inner();
         let result = (|| {
+            input::check_name(&filter.cluster)?;
             check_state(&filter.state)?;
             let fingerprint = match filter.cluster.as_str() {
                 "" => None,
@@ -267,7 +273,7 @@ impl proto::opsd_server::Opsd for Service {
             ),
             &result,
         );
-        result
+        result.map_err(input::bounded)
     }
 
     type WatchOperationStream = EventStream;
@@ -280,7 +286,7 @@ impl proto::opsd_server::Opsd for Service {
         let id = request.into_inner().id;
         let result = self.watch(&id);
         audit(&who, &format!("watch {}", quoted(&id)), &result);
-        result
+        result.map_err(input::bounded)
     }
 
     async fn list_snapshots(
@@ -290,7 +296,9 @@ impl proto::opsd_server::Opsd for Service {
         let who = who(&request);
         let cluster = request.into_inner().cluster;
         let configured = cluster.is_empty() || self.manager.cluster(&cluster).is_some();
-        let result = if configured {
+        let result = if let Err(e) = input::check_name(&cluster) {
+            Err(e)
+        } else if configured {
             Ok(())
         } else {
             Err(Status::not_found(format!(
@@ -326,7 +334,7 @@ impl proto::opsd_server::Opsd for Service {
             &format!("list snapshots cluster={}", quoted(&cluster)),
             &result,
         );
-        result
+        result.map_err(input::bounded)
     }
 
     async fn cancel_operation(
@@ -356,7 +364,7 @@ impl proto::opsd_server::Opsd for Service {
             Ok(Response::new(self.record(&record, Vec::new())))
         })();
         audit(&who, &format!("cancel {}", quoted(&id)), &result);
-        result
+        result.map_err(input::bounded)
     }
 }
 

@@ -189,3 +189,43 @@ async fn one_code_per_cause_in_every_call() {
     assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
     assert!(status.message().len() < 200, "{}", status.message().len());
 }
+
+/// A megabyte of name or node is refused as INVALID_ARGUMENT with a short
+/// message (never RESOURCE_EXHAUSTED from an oversized trailer), and the
+/// audit line carries a cut, quoted form.
+#[tokio::test]
+async fn oversized_inputs_are_refused_short_and_logged_short() {
+    use tonic::Code;
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), "").await;
+    let mut c = d.client().await;
+    let huge = "x".repeat(1 << 20);
+
+    let status = c.plan_operation(snapshot_on(&huge)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    assert!(status.message().len() < 300, "{}", status.message().len());
+
+    let mut retire = snapshot_on("a");
+    retire.kind = Some(Kind::Retire(proto::RetireParams {
+        node: huge.clone(),
+        ..Default::default()
+    }));
+    let status = c.start_operation(retire).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    assert!(status.message().contains("node"), "{}", status.message());
+    assert!(status.message().len() < 300, "{}", status.message().len());
+
+    let status = c
+        .list_operations(proto::ListOperationsRequest {
+            cluster: huge.clone(),
+            state: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+
+    let log = d.log_text();
+    assert!(log.contains("bytes)"), "{log}");
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 4096, "an audit line of {longest} bytes");
+}

@@ -111,10 +111,11 @@ impl<'de> Deserialize<'de> for CronSchedule {
 }
 
 impl SnapshotSchedule {
-    /// How long from now until the next snapshot is due.
+    /// How long from now until the next snapshot is due (at most
+    /// [`MAX_DURATION`]).
     pub fn until_next(&self) -> Duration {
         match (&self.interval, &self.cron) {
-            (Some(interval), _) => interval.0,
+            (Some(interval), _) => interval.0.min(MAX_DURATION),
             (None, Some(cron)) => {
                 let now = chrono::Utc::now();
                 cron.0
@@ -142,22 +143,43 @@ impl<'de> Deserialize<'de> for HumanDuration {
     }
 }
 
-/// Parses `NUMBER UNIT` with unit `ms`, `s`, `m`, `h` or `d`; zero is refused.
+/// The longest duration the configuration accepts (3650 days, about ten
+/// years): enough for any schedule or retention, and far from the limits of
+/// date and clock arithmetic.
+pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 86400);
+
+/// Parses `NUMBER UNIT` with unit `ms`, `s`, `m`, `h` or `d`; zero and
+/// anything above [`MAX_DURATION`] are refused.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let d = parse_unbounded(text)?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "{:?} is longer than the maximum, 3650d",
+            text.trim()
+        ));
+    }
+    Ok(d)
+}
+
+fn parse_unbounded(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .ok_or_else(|| format!("{text:?} has no unit (ms, s, m, h, d)"))?;
     let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} does not start with a number"))?;
+    // Too many digits for a u64 is too long, whatever the unit.
+    let too_long = || format!("{text:?} is longer than the maximum, 3650d");
+    if number.is_empty() {
+        return Err(format!("{text:?} does not start with a number"));
+    }
+    let n: u64 = number.parse().map_err(|_| too_long())?;
+    let scale = |factor: u64| n.checked_mul(factor).ok_or_else(too_long);
     let seconds = match unit {
         "ms" => return nonzero(Duration::from_millis(n), text),
         "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
+        "m" => scale(60)?,
+        "h" => scale(3600)?,
+        "d" => scale(86400)?,
         other => {
             return Err(format!(
                 "unknown unit {other:?} in {text:?} (ms, s, m, h, d)"
@@ -367,6 +389,31 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("5").is_err());
         assert!(parse_duration("5y").is_err());
+        assert_eq!(parse_duration("3650d").unwrap(), MAX_DURATION);
+    }
+
+    /// Values that once passed and then panicked in date or clock
+    /// arithmetic are refused at parse time, naming the maximum.
+    #[test]
+    fn extreme_durations_are_refused_with_the_maximum() {
+        for text in [
+            "3651d",
+            "5000000d",
+            "18446744073709551615d",
+            "18446744073709551615s",
+            "99999999999999999999999s",
+            "18446744073709551615ms",
+        ] {
+            let e = parse_duration(text).unwrap_err();
+            assert!(e.contains("maximum, 3650d"), "{text}: {e}");
+        }
+        let text = "[[cluster]]\nname = \"a\"\ntalosconfig = \"/x\"\n[cluster.snapshots]\ninterval = \"1h\"\nmax_age = \"5000000d\"\n";
+        let (line, key, message) = err(text);
+        assert_eq!(
+            (line, key.as_str()),
+            (6, "cluster[0].snapshots.max_age"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::config::Config;
 use crate::manager::Manager;
@@ -98,12 +97,17 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
     };
     let unix_server = tokio::spawn(
         tonic::transport::Server::builder()
+            .max_concurrent_streams(crate::accept::MAX_STREAMS_PER_CONNECTION)
             .add_service(service.clone())
-            .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx.clone())),
+            .serve_with_incoming_shutdown(
+                crate::accept::unix_incoming(unix),
+                stopped(stop_rx.clone()),
+            ),
     );
     let tcp_server = tcp.map(|incoming| {
         tokio::spawn(
             tonic::transport::Server::builder()
+                .max_concurrent_streams(crate::accept::MAX_STREAMS_PER_CONNECTION)
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())),
         )

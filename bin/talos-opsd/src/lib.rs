@@ -4,9 +4,11 @@
 //! (and optionally TCP with mutual TLS), scheduled verified snapshots with
 //! a catalogue and retention, Prometheus metrics and an audit log.
 
+pub mod accept;
 pub mod catalogue;
 pub mod config;
 pub mod daemon;
+pub mod input;
 pub mod listen;
 pub mod manager;
 pub mod metrics;

@@ -4,12 +4,11 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use anyhow::Context as _;
 use rustls_pki_types::pem::PemObject as _;
@@ -19,6 +18,7 @@ use tokio::net::{TcpStream, UnixListener};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
+use crate::accept;
 use crate::config::TcpConfig;
 
 /// The default socket: `$XDG_RUNTIME_DIR/talos-opsd.sock`, or
@@ -33,33 +33,83 @@ pub fn default_socket() -> Option<PathBuf> {
         .map(|d| PathBuf::from(d).join("talos-opsd.sock"))
 }
 
-/// Binds the socket at `path` (replacing a stale one) and sets mode 0600
-/// before anything is accepted.
+/// Binds the socket at `path` (replacing a stale one) so that it is never
+/// reachable with another mode than 0600: it is bound in a private
+/// directory (0700) beside `path`, given its mode there, and renamed into
+/// place. Refuses a directory that another user owns or that group or
+/// others may write (anyone could swap the socket, or a symlink, in).
 pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    if !parent.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
+    check_socket_dir(&parent)?;
     match std::os::unix::net::UnixStream::connect(path) {
         Ok(_) => anyhow::bail!("{}: another daemon is listening there", path.display()),
-        Err(_) if path.exists() => {
+        Err(_) => {
             use std::os::unix::fs::FileTypeExt as _;
-            let is_socket = std::fs::symlink_metadata(path)
-                .map(|m| m.file_type().is_socket())
-                .unwrap_or(false);
-            if !is_socket {
+            if let Ok(meta) = std::fs::symlink_metadata(path)
+                && !meta.file_type().is_socket()
+            {
                 anyhow::bail!("{}: exists and is not a socket", path.display());
             }
-            std::fs::remove_file(path)
-                .with_context(|| format!("removing the stale socket {}", path.display()))?
         }
-        Err(_) => {}
     }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("chmod 0600 {}", path.display()))?;
+    let private = parent.join(format!(".talos-opsd-bind.{}", std::process::id()));
+    if std::fs::symlink_metadata(&private).is_ok() {
+        // Left by a crash of a process with our pid; the directory is ours.
+        std::fs::remove_dir_all(&private)
+            .with_context(|| format!("removing {}", private.display()))?;
+    }
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .with_context(|| format!("creating {}", private.display()))?;
+    let staged = private.join("s");
+    let bound = UnixListener::bind(&staged)
+        .with_context(|| format!("binding {}", path.display()))
+        .and_then(|l| {
+            std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("chmod 0600 {}", staged.display()))?;
+            std::fs::rename(&staged, path)
+                .with_context(|| format!("moving the socket to {}", path.display()))?;
+            Ok(l)
+        });
+    let _ = std::fs::remove_file(&staged);
+    let _ = std::fs::remove_dir(&private);
+    let listener = bound?;
     Ok(listener)
+}
+
+/// Refuses `dir` as the socket's directory when another user owns it or
+/// group or others may write to it.
+pub fn check_socket_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(dir).with_context(|| format!("{}", dir.display()))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        anyhow::bail!(
+            "{}: the socket's directory is owned by uid {}, not by this user (uid {me}): use a directory of the daemon's own",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    if meta.mode() & 0o022 != 0 {
+        anyhow::bail!(
+            "{}: the socket's directory is writable by group or others (mode {:o}): use a directory of the daemon's own, e.g. chmod 0700",
+            dir.display(),
+            meta.mode() & 0o7777
+        );
+    }
+    Ok(())
 }
 
 /// Who is on the other end of a TLS connection: the subject of the client
@@ -72,10 +122,55 @@ pub struct TlsPeer {
     pub addr: SocketAddr,
 }
 
-/// A TLS connection that tells tonic who the peer is.
+/// A TLS connection that tells tonic who the peer is (and holds its place
+/// under the listener's connection cap).
 pub struct TlsConn {
-    stream: TlsStream<TcpStream>,
+    stream: accept::Held<TlsStream<TcpStream>>,
     peer: TlsPeer,
+}
+
+impl TlsConn {
+    fn new(
+        stream: TlsStream<TcpStream>,
+        addr: SocketAddr,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> TlsConn {
+        let subject = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|c| {
+                x509_parser::parse_x509_certificate(c.as_ref())
+                    .ok()
+                    .map(|(_, cert)| cert.subject().to_string())
+            })
+            .unwrap_or_default();
+        TlsConn {
+            stream: accept::Held::new(stream, permit),
+            peer: TlsPeer { subject, addr },
+        }
+    }
+}
+
+/// The TLS handshake on `tcp`, within [`accept::TLS_HANDSHAKE_TIMEOUT`];
+/// a refusal or a timeout is audited.
+async fn handshake_with(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    tcp: TcpStream,
+    addr: SocketAddr,
+) -> Option<TlsStream<TcpStream>> {
+    match tokio::time::timeout(accept::TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            tracing::warn!(target: "audit", who = %addr, "TLS handshake refused: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(target: "audit", who = %addr, "TLS handshake timed out");
+            None
+        }
+    }
 }
 
 impl Connected for TlsConn {
@@ -151,43 +246,102 @@ pub fn tls_incoming(
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<TlsConn>> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(accept::MAX_TLS_HANDSHAKES));
+    let listener = Arc::new(listener);
     tokio::spawn(async move {
-        loop {
-            let Ok((tcp, addr)) = listener.accept().await else {
-                continue;
-            };
-            let acceptor = acceptor.clone();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let handshake =
-                    tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await;
-                let stream = match handshake {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(e)) => {
-                        tracing::warn!(target: "audit", who = %addr, "TLS handshake refused: {e}");
-                        return;
-                    }
-                    Err(_) => return,
+        accept::run(
+            "tcp",
+            accept::MAX_TCP_CONNECTIONS,
+            || {
+                let listener = Arc::clone(&listener);
+                async move { listener.accept().await }
+            },
+            |(tcp, addr), permit| {
+                let Ok(handshake) = Arc::clone(&handshakes).try_acquire_owned() else {
+                    tracing::warn!(target: "audit", who = %addr, "TLS handshake refused: too many handshakes in progress");
+                    return;
                 };
-                let subject = stream
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|c| c.first())
-                    .and_then(|c| {
-                        x509_parser::parse_x509_certificate(c.as_ref())
-                            .ok()
-                            .map(|(_, cert)| cert.subject().to_string())
-                    })
-                    .unwrap_or_default();
-                let _ = tx
-                    .send(Ok(TlsConn {
-                        stream,
-                        peer: TlsPeer { subject, addr },
-                    }))
-                    .await;
-            });
-        }
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let Some(stream) = handshake_with(&acceptor, tcp, addr).await else {
+                        return;
+                    };
+                    drop(handshake);
+                    let _ = tx.send(Ok(TlsConn::new(stream, addr, permit))).await;
+                });
+            },
+        )
+        .await;
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt as _;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    #[tokio::test]
+    async fn a_socket_dir_writable_by_others_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for bits in [0o777, 0o770, 0o702] {
+            let sub = dir.path().join(format!("d{bits:o}"));
+            std::fs::create_dir(&sub).unwrap();
+            std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(bits)).unwrap();
+            let e = bind_unix(&sub.join("s.sock")).unwrap_err().to_string();
+            assert!(e.contains("writable by group or others"), "{bits:o}: {e}");
+            assert!(!sub.join("s.sock").exists());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_socket_dir_of_another_user_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let sub = if unsafe { libc::geteuid() } == 0 {
+            let sub = dir.path().join("theirs");
+            std::fs::create_dir(&sub).unwrap();
+            std::os::unix::fs::chown(&sub, Some(65534), Some(65534)).unwrap();
+            sub
+        } else {
+            PathBuf::from("/")
+        };
+        let e = bind_unix(&sub.join("s.sock")).unwrap_err().to_string();
+        assert!(e.contains("not by this user"), "{e}");
+    }
+
+    /// Under umask 000 the socket still appears only as 0600 (it is made in
+    /// a private directory and renamed), nothing is left beside it, and a
+    /// symlink at its path is refused without touching its target.
+    #[tokio::test]
+    async fn the_socket_is_0600_whatever_the_umask_and_symlinks_are_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run").join("s.sock");
+        // SAFETY: umask has no preconditions; restored below.
+        let old = unsafe { libc::umask(0) };
+        let bound = bind_unix(&path);
+        unsafe { libc::umask(old) };
+        let _listener = bound.unwrap();
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        let left: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("s.sock")]);
+
+        let target = dir.path().join("target");
+        std::fs::write(&target, "x").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let link = dir.path().join("run").join("link.sock");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = bind_unix(&link).unwrap_err().to_string();
+        assert!(e.contains("not a socket"), "{e}");
+        assert_eq!(mode(&target), 0o644);
+    }
 }

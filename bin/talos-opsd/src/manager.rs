@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use talos_client::Client;
@@ -88,13 +88,13 @@ impl Manager {
             .into_iter()
             .map(|c| (c.config.name.clone(), c))
             .collect();
-        *self.clusters.lock().unwrap() = map;
+        *self.clusters.lock().unwrap_or_else(PoisonError::into_inner) = map;
     }
 
     /// One configured cluster, by its name or else by its talosconfig
     /// context's name when exactly one cluster uses that context.
     pub fn cluster(&self, name: &str) -> Option<ResolvedCluster> {
-        let clusters = self.clusters.lock().unwrap();
+        let clusters = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(cluster) = clusters.get(name) {
             return Some(cluster.clone());
         }
@@ -107,7 +107,13 @@ impl Manager {
 
     /// Every configured cluster.
     pub fn clusters(&self) -> Vec<ResolvedCluster> {
-        let mut all: Vec<_> = self.clusters.lock().unwrap().values().cloned().collect();
+        let mut all: Vec<_> = self
+            .clusters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
         all.sort_by(|a, b| a.config.name.cmp(&b.config.name));
         all
     }
@@ -122,12 +128,18 @@ impl Manager {
 
     /// The catalogue.
     pub fn catalogue(&self) -> std::sync::MutexGuard<'_, Catalogue> {
-        self.catalogue.lock().unwrap()
+        self.catalogue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// An operation running in this process.
     pub fn running(&self, id: &str) -> Option<Arc<Running>> {
-        self.running.lock().unwrap().get(id).cloned()
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
     }
 
     /// Whether shutdown has begun.
@@ -225,7 +237,11 @@ impl Manager {
             let began = Instant::now();
             let started_tx = Mutex::new(Some(started_tx));
             let refuse = |e: OpsError| {
-                if let Some(tx) = started_tx.lock().unwrap().take() {
+                if let Some(tx) = started_tx
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+                {
                     let _ = tx.send(Err(e));
                 }
             };
@@ -253,9 +269,13 @@ impl Manager {
                     manager
                         .running
                         .lock()
-                        .unwrap()
+                        .unwrap_or_else(PoisonError::into_inner)
                         .insert(started.to_string(), Arc::clone(&running));
-                    if let Some(tx) = started_tx.lock().unwrap().take() {
+                    if let Some(tx) = started_tx
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take()
+                    {
                         let _ = tx.send(Ok((started.to_string(), notes.clone())));
                     }
                 }
@@ -320,7 +340,7 @@ impl Manager {
                 event: Some(Ev::Finished(proto::Finished { state, error })),
             })
         });
-        let mut map = self.running.lock().unwrap();
+        let mut map = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         map.remove(id);
         if map.is_empty() {
             self.idle.notify_waiters();
@@ -360,10 +380,10 @@ impl Manager {
             tracing::error!(cluster = %name, "{e}");
         }
         if let Some(max_age) = cluster.config.snapshots.as_ref().and_then(|s| s.max_age) {
-            let cutoff = time::OffsetDateTime::now_utc() - max_age.0;
-            let cutoff = cutoff
-                .format(&time::format_description::well_known::Rfc3339)
-                .unwrap_or_default();
+            let Some(cutoff) = retention_cutoff(time::OffsetDateTime::now_utc(), max_age.0) else {
+                tracing::warn!(cluster = %name, "max_age reaches before any date: nothing expires");
+                return;
+            };
             match crate::catalogue::expire(&catalogue, name, &cutoff, &path) {
                 Ok(removed) if !removed.is_empty() => {
                     tracing::info!(cluster = %name, removed = removed.len(), "expired snapshots removed")
@@ -380,7 +400,13 @@ impl Manager {
         self.stopping.store(true, Ordering::SeqCst);
         loop {
             let idle = self.idle.notified();
-            let running: Vec<_> = self.running.lock().unwrap().values().cloned().collect();
+            let running: Vec<_> = self
+                .running
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
+                .cloned()
+                .collect();
             if running.is_empty() {
                 return;
             }
@@ -390,6 +416,15 @@ impl Manager {
             idle.await;
         }
     }
+}
+
+/// The RFC 3339 time before which snapshots are older than `max_age`, or
+/// `None` when that reaches before any representable date (nothing
+/// expires); never panics, whatever the duration.
+pub fn retention_cutoff(now: time::OffsetDateTime, max_age: std::time::Duration) -> Option<String> {
+    now.checked_sub(time::Duration::try_from(max_age).ok()?)?
+        .format(&time::format_description::well_known::Rfc3339)
+        .ok()
 }
 
 enum Job {
@@ -450,5 +485,47 @@ fn label(name: &str, node: Option<&str>) -> String {
     match node {
         Some(node) => format!("{name} {node}"),
         None => name.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The largest durations give no cutoff rather than a panic; an
+    /// ordinary one gives the expected date.
+    #[test]
+    fn retention_cutoff_never_panics() {
+        let now = time::OffsetDateTime::now_utc();
+        for huge in [
+            std::time::Duration::MAX,
+            std::time::Duration::from_secs(5_000_000 * 86400),
+        ] {
+            assert_eq!(retention_cutoff(now, huge), None, "{huge:?}");
+        }
+        let at = time::OffsetDateTime::from_unix_timestamp(1_767_312_000).unwrap();
+        let cutoff = retention_cutoff(at, std::time::Duration::from_secs(86400));
+        assert_eq!(cutoff.as_deref(), Some("2026-01-01T00:00:00Z"));
+    }
+
+    /// A thread that panicked while holding a lock does not take the
+    /// catalogue, the clusters or the running table down with it.
+    #[test]
+    fn a_poisoned_lock_is_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = Manager::new(dir.path().join("state"), Vec::new(), Metrics::new()).unwrap();
+        let m = Arc::clone(&manager);
+        let poisoned = std::thread::spawn(move || {
+            let _catalogue = m.catalogue();
+            let _clusters = m.clusters.lock().unwrap();
+            let _running = m.running.lock().unwrap();
+            panic!("poison the locks");
+        })
+        .join();
+        assert!(poisoned.is_err());
+        assert!(manager.catalogue.is_poisoned());
+        assert!(manager.clusters().is_empty());
+        assert!(manager.running("x").is_none());
+        assert!(manager.catalogue().list(None).is_ok());
     }
 }

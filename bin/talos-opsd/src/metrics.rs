@@ -176,12 +176,16 @@ impl Metrics {
 /// Serves `GET /metrics` (and nothing else) on `listener`, HTTP/1.0 style:
 /// one request per connection.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics) {
-    loop {
-        let Ok((mut conn, _)) = listener.accept().await else {
-            continue;
-        };
+    let listener = std::sync::Arc::new(listener);
+    let accept = || {
+        let listener = std::sync::Arc::clone(&listener);
+        async move { listener.accept().await }
+    };
+    crate::accept::run("metrics", crate::accept::MAX_METRICS_CONNECTIONS, accept, |(conn, _), permit| {
         let metrics = metrics.clone();
         tokio::spawn(async move {
+            let _permit = permit;
+            let mut conn = conn;
             let mut buf = vec![0u8; 4096];
             let mut len = 0;
             let read = tokio::time::timeout(Duration::from_secs(5), async {
@@ -216,5 +220,6 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics) {
             let _ = conn.write_all(body.as_bytes()).await;
             let _ = conn.shutdown().await;
         });
-    }
+    })
+    .await;
 }

@@ -22,14 +22,14 @@ pub fn start(manager: &Arc<Manager>, generation: &Arc<AtomicU64>) {
         let generation = Arc::clone(generation);
         let name = cluster.config.name.clone();
         tokio::spawn(async move {
-            let mut next = tokio::time::Instant::now() + schedule.until_next();
+            let mut next = later(tokio::time::Instant::now(), schedule.until_next());
             loop {
                 tokio::time::sleep_until(next).await;
                 let now = tokio::time::Instant::now();
                 next = match schedule.interval {
                     // A steady cadence; a tick that overran is not repeated.
-                    Some(interval) => (next + interval.0).max(now),
-                    None => now + schedule.until_next(),
+                    Some(interval) => later(next, interval.0).max(now),
+                    None => later(now, schedule.until_next()),
                 };
                 if manager.is_stopping() || generation.load(Ordering::SeqCst) != mine {
                     return;
@@ -38,6 +38,15 @@ pub fn start(manager: &Arc<Manager>, generation: &Arc<AtomicU64>) {
             }
         });
     }
+}
+
+/// `from + by`, or a year from `from` should the clock not reach that far
+/// (durations are bounded by the configuration, so this is a safety net, not
+/// a schedule).
+fn later(from: tokio::time::Instant, by: std::time::Duration) -> tokio::time::Instant {
+    from.checked_add(by)
+        .or_else(|| from.checked_add(std::time::Duration::from_secs(365 * 86400)))
+        .unwrap_or(from)
 }
 
 async fn tick(manager: &Arc<Manager>, cluster: &str) {

@@ -10,6 +10,7 @@ use talos_client::ops::{OpRecord, OpSpec, OpsError, StepState};
 use talos_opsd_api::{plan_to_proto, record_to_proto, spec_from_proto, state_name, step_events};
 use tonic::{Request, Response, Status};
 
+use crate::input;
 use crate::listen::TlsPeer;
 use crate::manager::{self, Manager, StartError};
 use crate::proto;
@@ -66,7 +67,7 @@ fn audit<T>(who: &str, what: &str, result: &Result<T, Status>) {
             who,
             what,
             result = ?status.code(),
-            reason = status.message()
+            reason = %input::truncated(status.message(), 1024)
         ),
     }
 }
@@ -88,6 +89,64 @@ pub fn status_of(error: OpsError) -> Status {
     }
 }
 
+/// Refuses an id that cannot be an operation's (`INVALID_ARGUMENT`): ids
+/// are ASCII letters, digits and `-`, at most [`MAX_ID_LEN`] bytes. A
+/// unique leading part of an id is accepted; it is compared literally.
+pub fn check_id(id: &str) -> Result<(), Status> {
+    if id.is_empty() {
+        return Err(Status::invalid_argument("no operation id given"));
+    }
+    if id.len() > MAX_ID_LEN || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(Status::invalid_argument(format!(
+            "{} is not an operation id (letters, digits and '-', at most {MAX_ID_LEN} bytes)",
+            quoted(id)
+        )));
+    }
+    Ok(())
+}
+
+/// The longest operation id (or leading part of one) accepted.
+pub const MAX_ID_LEN: usize = 64;
+
+/// `text` quoted and escaped for a log line or an error, cut to its first
+/// 64 characters (with its length in bytes when cut).
+pub fn quoted(text: &str) -> String {
+    const KEEP: usize = 64;
+    match text.char_indices().nth(KEEP) {
+        None => format!("{text:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &text[..cut], text.len()),
+    }
+}
+
+/// The operation `id` names: exactly, or by a unique leading part compared
+/// byte for byte (never as a pattern, never ignoring case); else
+/// `NOT_FOUND`.
+fn lookup(manager: &Manager, id: &str) -> Result<OpRecord, Status> {
+    check_id(id)?;
+    let record = manager
+        .journal()
+        .and_then(|j| j.get(id))
+        .map_err(status_of)?;
+    if !record.id.starts_with(id) {
+        return Err(Status::not_found(format!("no operation {}", quoted(id))));
+    }
+    Ok(record)
+}
+
+/// Refuses an unknown state filter (`INVALID_ARGUMENT`).
+fn check_state(state: &str) -> Result<(), Status> {
+    if state.is_empty()
+        || serde_json::from_value::<talos_client::ops::OpState>(serde_json::Value::from(state))
+            .is_ok()
+    {
+        return Ok(());
+    }
+    Err(Status::invalid_argument(format!(
+        "unknown state {} (running, succeeded, failed, abandoned, cancelled, needs-attention)",
+        quoted(state)
+    )))
+}
+
 fn status_of_start(error: StartError) -> Status {
     match error {
         StartError::Ops(e) => status_of(e),
@@ -98,16 +157,20 @@ fn status_of_start(error: StartError) -> Status {
 
 /// The spec a request asks for, and the request in words for the audit.
 fn spec_of(request: &proto::StartOperationRequest) -> Result<(OpSpec, String), Status> {
+    input::check_name(&request.cluster)?;
+    input::check_fingerprint(&request.plan_fingerprint)?;
     let kind = request
         .kind
         .clone()
         .ok_or_else(|| Status::invalid_argument("no operation kind given"))?;
     let spec = spec_from_proto(kind);
+    let params = serde_json::to_value(&spec).unwrap_or_default();
+    input::check_fields(&params)?;
     let what = format!(
-        "{} {} on cluster {:?}",
+        "{} {} on cluster {}",
         spec.kind(),
-        serde_json::to_string(&spec).unwrap_or_default(),
-        request.cluster
+        input::truncated(&params.to_string(), 1024),
+        quoted(&request.cluster)
     );
     Ok((spec, what))
 }
@@ -122,7 +185,7 @@ impl proto::opsd_server::Opsd for Service {
     ) -> Result<Response<proto::Plan>, Status> {
         let who = who(&request);
         let request = request.into_inner();
-        let mut what = format!("plan on cluster {:?}", request.cluster);
+        let mut what = format!("plan on cluster {}", quoted(&request.cluster));
         let result = async {
             let (spec, described) = spec_of(&request)?;
             what = format!("plan {described}");
@@ -135,7 +198,7 @@ impl proto::opsd_server::Opsd for Service {
         }
         .await;
         audit(&who, &what, &result);
-        result
+        result.map_err(input::bounded)
     }
 
     async fn start_operation(
@@ -144,7 +207,7 @@ impl proto::opsd_server::Opsd for Service {
     ) -> Result<Response<proto::Operation>, Status> {
         let who = who(&request);
         let request = request.into_inner();
-        let mut what = format!("start on cluster {:?}", request.cluster);
+        let mut what = format!("start on cluster {}", quoted(&request.cluster));
         let result = async {
             let (spec, described) = spec_of(&request)?;
             what = format!("start {described}");
@@ -158,7 +221,7 @@ impl proto::opsd_server::Opsd for Service {
         }
         .await;
         audit(&who, &what, &result);
-        result
+        result.map_err(input::bounded)
     }
 
     async fn get_operation(
@@ -167,14 +230,9 @@ impl proto::opsd_server::Opsd for Service {
     ) -> Result<Response<proto::Operation>, Status> {
         let who = who(&request);
         let id = request.into_inner().id;
-        let result = self
-            .manager
-            .journal()
-            .and_then(|j| j.get(&id))
-            .map(|r| Response::new(self.record(&r, Vec::new())))
-            .map_err(status_of);
-        audit(&who, &format!("get {id}"), &result);
-        result
+        let result = lookup(&self.manager, &id).map(|r| Response::new(self.record(&r, Vec::new())));
+        audit(&who, &format!("get {}", quoted(&id)), &result);
+        result.map_err(input::bounded)
     }
 
     async fn list_operations(
@@ -184,11 +242,13 @@ impl proto::opsd_server::Opsd for Service {
         let who = who(&request);
         let filter = request.into_inner();
         let result = (|| {
+            input::check_name(&filter.cluster)?;
+            check_state(&filter.state)?;
             let fingerprint = match filter.cluster.as_str() {
                 "" => None,
                 name => Some(manager::fingerprint_of(
                     &self.manager.cluster(name).ok_or_else(|| {
-                        Status::not_found(format!("no cluster {name:?} is configured"))
+                        Status::not_found(format!("no cluster {} is configured", quoted(name)))
                     })?,
                 )),
             };
@@ -206,10 +266,14 @@ impl proto::opsd_server::Opsd for Service {
         })();
         audit(
             &who,
-            &format!("list cluster={:?} state={:?}", filter.cluster, filter.state),
+            &format!(
+                "list cluster={} state={}",
+                quoted(&filter.cluster),
+                quoted(&filter.state)
+            ),
             &result,
         );
-        result
+        result.map_err(input::bounded)
     }
 
     type WatchOperationStream = EventStream;
@@ -221,8 +285,8 @@ impl proto::opsd_server::Opsd for Service {
         let who = who(&request);
         let id = request.into_inner().id;
         let result = self.watch(&id);
-        audit(&who, &format!("watch {id}"), &result);
-        result
+        audit(&who, &format!("watch {}", quoted(&id)), &result);
+        result.map_err(input::bounded)
     }
 
     async fn list_snapshots(
@@ -231,34 +295,46 @@ impl proto::opsd_server::Opsd for Service {
     ) -> Result<Response<proto::ListSnapshotsResponse>, Status> {
         let who = who(&request);
         let cluster = request.into_inner().cluster;
-        let result = self
-            .manager
-            .catalogue()
-            .list((!cluster.is_empty()).then_some(cluster.as_str()))
-            .map(|entries| {
-                Response::new(proto::ListSnapshotsResponse {
-                    snapshots: entries
-                        .into_iter()
-                        .map(|e| proto::Snapshot {
-                            cluster: e.cluster,
-                            operation_id: e.operation_id,
-                            node: e.node,
-                            taken: e.taken,
-                            revision: e.revision,
-                            sha256: e.sha256,
-                            size: e.size,
-                            path: e.path.display().to_string(),
-                        })
-                        .collect(),
-                })
+        let configured = cluster.is_empty() || self.manager.cluster(&cluster).is_some();
+        let result = if let Err(e) = input::check_name(&cluster) {
+            Err(e)
+        } else if configured {
+            Ok(())
+        } else {
+            Err(Status::not_found(format!(
+                "no cluster {} is configured",
+                quoted(&cluster)
+            )))
+        }
+        .and_then(|()| {
+            self.manager
+                .catalogue()
+                .list((!cluster.is_empty()).then_some(cluster.as_str()))
+                .map_err(|e| Status::internal(e.to_string()))
+        })
+        .map(|entries| {
+            Response::new(proto::ListSnapshotsResponse {
+                snapshots: entries
+                    .into_iter()
+                    .map(|e| proto::Snapshot {
+                        cluster: e.cluster,
+                        operation_id: e.operation_id,
+                        node: e.node,
+                        taken: e.taken,
+                        revision: e.revision,
+                        sha256: e.sha256,
+                        size: e.size,
+                        path: e.path.display().to_string(),
+                    })
+                    .collect(),
             })
-            .map_err(|e| Status::internal(e.to_string()));
+        });
         audit(
             &who,
-            &format!("list snapshots cluster={cluster:?}"),
+            &format!("list snapshots cluster={}", quoted(&cluster)),
             &result,
         );
-        result
+        result.map_err(input::bounded)
     }
 
     async fn cancel_operation(
@@ -268,11 +344,7 @@ impl proto::opsd_server::Opsd for Service {
         let who = who(&request);
         let id = request.into_inner().id;
         let result = (|| {
-            let record = self
-                .manager
-                .journal()
-                .and_then(|j| j.get(&id))
-                .map_err(status_of)?;
+            let record = lookup(&self.manager, &id)?;
             let running = self.manager.running(&record.id).ok_or_else(|| {
                 Status::failed_precondition(format!(
                     "operation {} is not running in this daemon (it is {})",
@@ -291,18 +363,14 @@ impl proto::opsd_server::Opsd for Service {
             })?;
             Ok(Response::new(self.record(&record, Vec::new())))
         })();
-        audit(&who, &format!("cancel {id}"), &result);
-        result
+        audit(&who, &format!("cancel {}", quoted(&id)), &result);
+        result.map_err(input::bounded)
     }
 }
 
 impl Service {
     fn watch(&self, id: &str) -> Result<Response<EventStream>, Status> {
-        let record = self
-            .manager
-            .journal()
-            .and_then(|j| j.get(id))
-            .map_err(status_of)?;
+        let record = lookup(&self.manager, id)?;
         if let Some(running) = self.manager.running(&record.id) {
             let mut rx = running.events.subscribe();
             let stream = async_stream(move |tx| async move {

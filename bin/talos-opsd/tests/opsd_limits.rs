@@ -1,0 +1,231 @@
+//! The daemon under resource pressure and extreme input: out of file
+//! descriptors it backs off instead of spinning and serves again once
+//! descriptors are free; bad input gets one code per cause and a short,
+//! quoted echo.
+
+mod daemon;
+
+use std::time::Duration;
+
+use daemon::Daemon;
+use talos_opsd::proto::ListOperationsRequest;
+use talos_opsd::proto::{self, start_operation_request::Kind};
+use talos_test_support::sim::wait_for;
+
+/// User plus system CPU time of `pid`, in clock ticks.
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (which is in parentheses).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// Sets the soft descriptor limit of `pid` (the hard one stays, so it can
+/// be raised again without privileges).
+fn set_nofile(pid: i32, limit: u64) {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit on a child we own, reading into a valid rlimit.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let new = libc::rlimit {
+        rlim_cur: limit.min(old.rlim_max),
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: as above, with a valid rlimit and no old value.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_daemon_backs_off_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), "").await;
+    let mut client = d.client().await;
+    client
+        .list_operations(ListOperationsRequest::default())
+        .await
+        .unwrap();
+    let pid = d.child.as_ref().unwrap().id() as i32;
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count() as u64;
+    set_nofile(pid, open + 4);
+
+    // More connections than the daemon has descriptors left: the rest wait
+    // in the backlog, and each accept fails with EMFILE.
+    let flood: Vec<_> = (0..32)
+        .map(|_| std::os::unix::net::UnixStream::connect(&d.socket).unwrap())
+        .collect();
+    let limit = open + 4;
+    wait_for(
+        "the daemon at its descriptor limit",
+        Duration::from_secs(20),
+        || async move {
+            let now = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+            (now >= limit).then_some(())
+        },
+    )
+    .await;
+
+    // A measuring window (not a synchronisation): a spinning accept loop
+    // burns a whole core; backing off uses next to nothing.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    let before = cpu_ticks(pid);
+    let window = Duration::from_secs(2);
+    tokio::time::sleep(window).await;
+    let used = cpu_ticks(pid) - before;
+    let budget = ticks_per_second * window.as_secs() / 4;
+    assert!(
+        used < budget,
+        "the daemon used {used} ticks of CPU in {window:?} (budget {budget}) while out of descriptors"
+    );
+
+    assert!(
+        d.log_text().contains("out of file descriptors"),
+        "{}",
+        d.log_text()
+    );
+    drop(flood);
+    set_nofile(pid, 1024);
+    let socket = d.socket.clone();
+    wait_for("the daemon serving again", Duration::from_secs(20), || {
+        let socket = socket.clone();
+        async move {
+            let mut client = daemon::connect_unix(&socket).await;
+            client
+                .list_operations(ListOperationsRequest::default())
+                .await
+                .ok()
+        }
+    })
+    .await;
+}
+
+fn snapshot_on(cluster: &str) -> proto::StartOperationRequest {
+    proto::StartOperationRequest {
+        cluster: cluster.into(),
+        plan_fingerprint: String::new(),
+        kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
+    }
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> tonic::Code {
+    r.unwrap_err().code()
+}
+
+/// One code per cause, in every call: an unknown cluster or id is
+/// NOT_FOUND, a malformed id or state is INVALID_ARGUMENT, and ids are
+/// never patterns.
+#[tokio::test]
+async fn one_code_per_cause_in_every_call() {
+    use tonic::Code;
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), "").await;
+    let mut c = d.client().await;
+
+    assert_eq!(
+        code(c.plan_operation(snapshot_on("nope")).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(c.start_operation(snapshot_on("nope")).await),
+        Code::NotFound
+    );
+    let list = |cluster: &str, state: &str| proto::ListOperationsRequest {
+        cluster: cluster.into(),
+        state: state.into(),
+    };
+    assert_eq!(
+        code(c.list_operations(list("nope", "")).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            c.list_snapshots(proto::ListSnapshotsRequest {
+                cluster: "nope".into()
+            })
+            .await
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(c.list_operations(list("", "bogus")).await),
+        Code::InvalidArgument
+    );
+    c.list_operations(list("", "needs-attention"))
+        .await
+        .unwrap();
+
+    for (id, want) in [
+        ("20260101T000000-abcdef", Code::NotFound),
+        ("%", Code::InvalidArgument),
+        ("%b77554", Code::InvalidArgument),
+        ("2026_", Code::InvalidArgument),
+        ("", Code::InvalidArgument),
+    ] {
+        let get = c
+            .get_operation(proto::GetOperationRequest { id: id.into() })
+            .await;
+        assert_eq!(code(get), want, "get {id:?}");
+        let watch = c
+            .watch_operation(proto::WatchOperationRequest { id: id.into() })
+            .await;
+        assert_eq!(code(watch), want, "watch {id:?}");
+        let cancel = c
+            .cancel_operation(proto::CancelOperationRequest { id: id.into() })
+            .await;
+        assert_eq!(code(cancel), want, "cancel {id:?}");
+    }
+    let long = "a".repeat(3 << 20);
+    let get = c
+        .get_operation(proto::GetOperationRequest { id: long })
+        .await;
+    let status = get.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    assert!(status.message().len() < 200, "{}", status.message().len());
+}
+
+/// A megabyte of name or node is refused as INVALID_ARGUMENT with a short
+/// message (never RESOURCE_EXHAUSTED from an oversized trailer), and the
+/// audit line carries a cut, quoted form.
+#[tokio::test]
+async fn oversized_inputs_are_refused_short_and_logged_short() {
+    use tonic::Code;
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), "").await;
+    let mut c = d.client().await;
+    let huge = "x".repeat(1 << 20);
+
+    let status = c.plan_operation(snapshot_on(&huge)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    assert!(status.message().len() < 300, "{}", status.message().len());
+
+    let mut retire = snapshot_on("a");
+    retire.kind = Some(Kind::Retire(proto::RetireParams {
+        node: huge.clone(),
+        ..Default::default()
+    }));
+    let status = c.start_operation(retire).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    assert!(status.message().contains("node"), "{}", status.message());
+    assert!(status.message().len() < 300, "{}", status.message().len());
+
+    let status = c
+        .list_operations(proto::ListOperationsRequest {
+            cluster: huge.clone(),
+            state: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+
+    let log = d.log_text();
+    assert!(log.contains("bytes)"), "{log}");
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 4096, "an audit line of {longest} bytes");
+}

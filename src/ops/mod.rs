@@ -34,6 +34,7 @@
 
 mod apply;
 mod apply_steps;
+mod apply_vip;
 mod cluster;
 mod config_diff;
 mod engine;

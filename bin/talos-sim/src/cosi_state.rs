@@ -503,15 +503,20 @@ pub(crate) fn layer2_vips(config: &str) -> Vec<(std::net::Ipv4Addr, String)> {
 static HOLDERS: Mutex<Vec<(std::path::PathBuf, std::net::Ipv4Addr, String)>> =
     Mutex::new(Vec::new());
 
+/// The links a simulated node has besides `lo`.
+pub(crate) const LINKS: &[&str] = &["eth0"];
+
 /// Whether `node` may hold `vip`: a powered control-plane node whose etcd
-/// runs and whose active configuration asks for the VIP.
+/// runs and whose active configuration asks for the VIP on a link it has
+/// (upstream's VIP operator runs on the named link and never starts on a
+/// missing one: internal/app/machined/pkg/controllers/network/operator/vip.go).
 async fn eligible(node: &Node, vip: std::net::Ipv4Addr) -> bool {
     node.is_control_plane()
         && node.power() == Power::On
         && node.etcd_running().await
         && layer2_vips(&node.active_config())
             .iter()
-            .any(|(ip, _)| *ip == vip)
+            .any(|(ip, link)| *ip == vip && LINKS.contains(&link.as_str()))
 }
 
 /// The name of the node holding `vip` now, electing a new holder if needed.

@@ -207,13 +207,21 @@ async fn an_endpoint_change_needs_the_issuer_pinned() {
         .await
         .ok();
 
-    // With the old issuer pinned, as the seed does, the change goes through.
-    let pinned = f.config_with("pinned.yaml", &[endpoint]);
-    let mut text = std::fs::read_to_string(&pinned).unwrap();
-    text.push_str(&format!(
-        "---\napiVersion: v1alpha1\nkind: KubeServiceAccountConfig\nissuer:\n  issuerURL: {old_endpoint}\n"
-    ));
-    std::fs::write(&pinned, text).unwrap();
+    // With the old issuer pinned the change goes through. Talos 1.13.9
+    // refuses the seed's KubeServiceAccountConfig (a 1.14 document): it
+    // pins through the API server's flags, issuer and audiences both.
+    let pinned = f.config_with(
+        "pinned.yaml",
+        &[
+            endpoint,
+            (
+                "cluster:\n",
+                &format!(
+                    "cluster:\n  apiServer:\n    extraArgs:\n      service-account-issuer: {old_endpoint}\n      api-audiences: {old_endpoint}\n"
+                ),
+            ),
+        ],
+    );
     let record = f
         .apply(
             &pinned,
@@ -221,7 +229,7 @@ async fn an_endpoint_change_needs_the_issuer_pinned() {
                 "--expect-change",
                 "cluster.controlPlane.endpoint",
                 "--expect-change",
-                "KubeServiceAccountConfig",
+                "cluster.apiServer",
                 "--try-timeout",
                 "20s",
             ],

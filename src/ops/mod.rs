@@ -50,6 +50,7 @@ mod retire;
 mod snapshot;
 mod spec;
 mod stop;
+mod wipe;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

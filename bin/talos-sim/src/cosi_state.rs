@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::api::cosi::resource::meta as meta_pb;
 use crate::api::talos::resource::definitions as defs;
 use crate::cluster::Shared;
-use crate::node::{Node, Power, SYSTEM_VOLUMES};
+use crate::node::{Node, Power, system_volumes};
 use talos_client::client::resources::types as t;
 
 /// One resource before versioning: where it is and its spec.
@@ -384,7 +384,8 @@ fn runtime_items(node: &Node, etcd: (bool, Option<u64>)) -> Vec<Item> {
             spec.encode_to_vec(),
         ));
     }
-    for (i, label) in SYSTEM_VOLUMES.iter().enumerate() {
+    // A 1.14 node has etcd's own volume, ETCD, too.
+    for (i, label) in system_volumes(node.talos_version()).iter().enumerate() {
         let y = serde_json::json!({"phase": "ready", "type": "partition", "location": format!("/dev/sda{}", i + 3), "prettySize": "1.0 GB"});
         let spec = defs::VolumeStatusSpec {
             phase: 6,

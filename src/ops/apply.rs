@@ -22,14 +22,16 @@ use super::join::read_file;
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo};
 use super::spec::millis;
 use super::{OpSpec, Ops, OpsError, Refusal};
+use crate::client::resources::ConfigId;
 use crate::client::{ApplyMode, ApplyRequest};
 use crate::{Client, Error};
 
-/// Where a node keeps its persisted machine configuration.
-pub(crate) const CONFIG_PATH: &str = "/system/state/config.yaml";
-
 fn default_try_timeout() -> Duration {
     ApplyOptions::DEFAULT_TRY_TIMEOUT
+}
+
+fn default_vip_check() -> bool {
+    ApplyOptions::DEFAULT_VIP_CHECK
 }
 
 fn default_reboot_timeout() -> Duration {
@@ -76,6 +78,12 @@ pub struct ApplyOptions {
     /// A command run by `sh -c` that must exit 0 for the gate to pass.
     #[serde(default)]
     pub check: Option<String>,
+    /// When the file changes a `Layer2VIPConfig` document, the gate also
+    /// waits until each VIP it declares is held by exactly one control-plane
+    /// node (its `AddressStatuses`, read through COSI) and that node answers
+    /// the Talos API. On by default ([`ApplyOptions::DEFAULT_VIP_CHECK`]).
+    #[serde(default = "default_vip_check")]
+    pub vip_check: bool,
 }
 
 impl ApplyOptions {
@@ -84,6 +92,9 @@ impl ApplyOptions {
     pub const DEFAULT_TRY_TIMEOUT: Duration = Duration::from_secs(120);
     /// How long a node may take to come back from a reboot, by default.
     pub const DEFAULT_REBOOT_TIMEOUT: Duration = Duration::from_secs(600);
+    /// Whether the gate checks the VIPs of a changed `Layer2VIPConfig`
+    /// unless told otherwise.
+    pub const DEFAULT_VIP_CHECK: bool = true;
 
     /// Apply `config_path` to `nodes` with the defaults: any path may
     /// change, no issuer change, no reboot, no user check.
@@ -97,6 +108,7 @@ impl ApplyOptions {
             try_timeout: Self::DEFAULT_TRY_TIMEOUT,
             reboot_timeout: Self::DEFAULT_REBOOT_TIMEOUT,
             check: None,
+            vip_check: Self::DEFAULT_VIP_CHECK,
         }
     }
 }
@@ -167,6 +179,10 @@ pub struct ApplyFacts {
     /// When each node's reboot was sent (ms since the epoch).
     #[serde(default)]
     pub reboot_sent_ms: BTreeMap<String, u64>,
+    /// The Layer-2 VIPs the gate checks, by node: those of the file's
+    /// changed `Layer2VIPConfig` documents (with the VIP check on).
+    #[serde(default)]
+    pub vips: BTreeMap<String, Vec<String>>,
 }
 
 /// What a TRY dry run said about a node.
@@ -199,14 +215,18 @@ pub(crate) fn read_planned(path: &Path, sha256: &str) -> Result<Vec<u8>, OpsErro
     Ok(config)
 }
 
-/// Reads a node's persisted configuration.
-pub(crate) async fn read_config(client: &Client, node: &str) -> Result<Vec<u8>, Error> {
-    let mut stream = client.node(node).read(CONFIG_PATH).await?;
-    let mut out = Vec::new();
-    while let Some(chunk) = stream.next_chunk().await? {
-        out.extend_from_slice(&chunk);
-    }
-    Ok(out)
+/// Reads a node's machine configuration through COSI, as talosctl does
+/// (`get mc`): `Active` (`v1alpha1`) is what it runs, a TRY's while one is
+/// pending; `Persistent` is what it saved for the next boot. `Read` of
+/// `/system/state/config.yaml` cannot serve: Talos no longer mounts STATE
+/// since v1.12.0.
+pub(crate) async fn read_config(
+    client: &Client,
+    node: &str,
+    which: ConfigId,
+) -> Result<Vec<u8>, Error> {
+    let config = client.node(node).resources().machine_config(which).await?;
+    Ok(config.yaml.into_bytes())
 }
 
 /// A dry run in TRY mode, which never cancels a pending rollback.
@@ -233,7 +253,8 @@ pub(crate) fn no_changes(summary: &str) -> bool {
 }
 
 impl Ops {
-    /// Preflight of an apply: for each node, reads its configuration and
+    /// Preflight of an apply: for each node, reads the configuration it
+    /// runs (COSI `MachineConfigs` `v1alpha1`) and
     /// dry-runs the file (in TRY mode), then refuses, changing nothing, when
     /// a changed path is outside `expect_change`, the service-account issuer
     /// would change without `allow_issuer_change`, or the change needs a
@@ -273,9 +294,21 @@ impl Ops {
                     paths.join(", ")
                 }
             ));
+            let vips = if options.vip_check {
+                changed_vips(&new, &paths)
+            } else {
+                Vec::new()
+            };
+            if !vips.is_empty() {
+                notes.push(format!(
+                    "{node}: the gate waits until {} held by exactly one control-plane node, which answers the Talos API (--vip-check)",
+                    vip_list(&vips)
+                ));
+                facts.vips.insert(node.clone(), vips.clone());
+            }
             facts.changes.insert(node.clone(), paths);
             facts.reboot.insert(node.clone(), needs_reboot);
-            steps.extend(node_steps(node, &file, needs_reboot, options));
+            steps.extend(node_steps(node, &file, needs_reboot, options, &vips));
         }
         let basis = ClusterView::read(&self.client)
             .await
@@ -302,9 +335,9 @@ impl Ops {
         options: &ApplyOptions,
         notes: &mut Vec<String>,
     ) -> Result<Option<(Vec<String>, bool)>, OpsError> {
-        let current = read_config(&self.client, node).await?;
+        let current = read_config(&self.client, node, ConfigId::Active).await?;
         let current = Documents::parse(&current).map_err(|e| Refusal::BadConfig {
-            file: format!("{node}'s configuration"),
+            file: format!("{node}'s running configuration"),
             error: e.to_string(),
         })?;
         let version = self.client.node(node).version().await?.tag;
@@ -356,7 +389,34 @@ impl Ops {
     }
 }
 
-fn node_steps(node: &str, file: &str, reboot: bool, options: &ApplyOptions) -> Vec<PlannedStep> {
+/// The VIPs of `new`'s `Layer2VIPConfig` documents that `paths` (changed
+/// paths, `Layer2VIPConfig[VIP]...`) touch.
+fn changed_vips(new: &Documents, paths: &[String]) -> Vec<String> {
+    let mut vips: Vec<String> = paths
+        .iter()
+        .filter_map(|p| p.strip_prefix("Layer2VIPConfig["))
+        .filter_map(|rest| rest.split(']').next())
+        .filter(|vip| new.get(&format!("Layer2VIPConfig[{vip}]")).is_some())
+        .map(str::to_string)
+        .collect();
+    vips.dedup();
+    vips
+}
+
+fn vip_list(vips: &[String]) -> String {
+    match vips {
+        [one] => format!("the VIP {one} is"),
+        _ => format!("the VIPs {} are each", vips.join(", ")),
+    }
+}
+
+fn node_steps(
+    node: &str,
+    file: &str,
+    reboot: bool,
+    options: &ApplyOptions,
+    vips: &[String],
+) -> Vec<PlannedStep> {
     let step = |phase: ApplyPhase, description: String| {
         PlannedStep::new(
             Step::Apply(ApplyStep {
@@ -366,14 +426,22 @@ fn node_steps(node: &str, file: &str, reboot: bool, options: &ApplyOptions) -> V
             description,
         )
     };
-    let gate = match &options.check {
-        Some(cmd) => format!(
-            "{node} answers, every etcd member is healthy and the lists agree, {node}'s services are running and healthy, and `{cmd}` exits 0"
-        ),
-        None => format!(
-            "{node} answers, every etcd member is healthy and the lists agree, and {node}'s services are running and healthy"
-        ),
-    };
+    let mut parts = vec![
+        format!("{node} answers"),
+        "every etcd member is healthy and the lists agree".to_string(),
+        format!("{node}'s services are running and healthy"),
+    ];
+    if !vips.is_empty() {
+        parts.push(format!(
+            "{} held by exactly one control-plane node, which answers",
+            vip_list(vips)
+        ));
+    }
+    if let Some(cmd) = &options.check {
+        parts.push(format!("`{cmd}` exits 0"));
+    }
+    let last = parts.pop().unwrap_or_default();
+    let gate = format!("{}, and {last}", parts.join(", "));
     if reboot {
         return vec![
             step(

@@ -8,10 +8,12 @@ use super::apply::{
     ApplyFacts, ApplyOptions, ApplyPhase, ApplyStep, DryRun, no_changes, read_config, read_planned,
     try_dry_run,
 };
+use super::apply_vip::check_vips;
 use super::cluster::ClusterView;
 use super::config_diff::Documents;
 use super::plan::label;
 use super::{Ops, OpsError, Outcome};
+use crate::client::resources::ConfigId;
 use crate::client::{ApplyMode, ApplyRequest};
 
 /// How long after the try window a rollback must be visible.
@@ -171,10 +173,11 @@ impl Ops {
         let deadline =
             *super::plan::need(&facts.try_deadline_ms.get(node).copied(), "try_deadline_ms")?;
         let gate_end = deadline.saturating_sub(params.confirm_margin().as_millis() as u64);
+        let vips = facts.vips.get(node).map(Vec::as_slice).unwrap_or_default();
         let mut attempts = 0;
         let reason = loop {
             attempts += 1;
-            let failure = match self.gate_once(node, params, left(gate_end)).await {
+            let failure = match self.gate_once(node, params, vips, left(gate_end)).await {
                 Ok(summary) => {
                     return Ok(Outcome::done(format!(
                         "passed (attempt {attempts}): {summary}"
@@ -202,11 +205,13 @@ impl Ops {
         ))
     }
 
-    /// One pass of the gate; the error says what failed.
+    /// One pass of the gate (with the VIP check of `vips`, when any); the
+    /// error says what failed.
     async fn gate_once(
         &self,
         node: &str,
         params: &Params<'_>,
+        vips: &[String],
         budget: Duration,
     ) -> Result<String, String> {
         let target = self.client.node(node);
@@ -256,6 +261,10 @@ impl Ops {
             view.members.len(),
             services.len()
         );
+        if !vips.is_empty() {
+            let held = check_vips(&self.client, &view, vips).await?;
+            summary.push_str(&format!("; {held}"));
+        }
         if let Some(cmd) = &params.options.check {
             run_check(cmd, node, budget).await?;
             summary.push_str(&format!("; `{cmd}` exited 0"));
@@ -264,32 +273,41 @@ impl Ops {
     }
 
     /// Waits for the try window to close and checks that the node runs its
-    /// persisted (previous) configuration again, through TRY dry runs that
-    /// leave any pending rollback alone.
+    /// persisted (previous) configuration again: its `v1alpha1` matches its
+    /// `persistent` one (saved before the try, which never touches it) and
+    /// no longer the tried file.
     async fn verify_rollback(
         &self,
         node: &str,
         params: &Params<'_>,
         deadline: u64,
     ) -> Result<(), String> {
-        let previous = read_config(&self.client, node)
+        let previous = read_config(&self.client, node, ConfigId::Persistent)
             .await
             .map_err(|e| format!("its persisted configuration cannot be read: {e}"))?;
+        let previous = Documents::parse(&previous)
+            .map_err(|e| format!("its persisted configuration does not parse: {e}"))?;
+        let tried = Documents::parse(&params.config).ok();
         tokio::time::sleep(left(deadline)).await;
         let until = Instant::now() + ROLLBACK_GRACE;
         let mut last = String::from("not checked");
         while Instant::now() < until {
-            match try_dry_run(&self.client, node, &previous).await {
-                Ok(DryRun::InPlace(s)) if no_changes(&s) => {
-                    // And the tried file is no longer what it runs.
-                    return match try_dry_run(&self.client, node, &params.config).await {
-                        Ok(DryRun::InPlace(s)) if no_changes(&s) => {
-                            Err("it runs the tried file still".into())
-                        }
-                        _ => Ok(()),
-                    };
-                }
-                Ok(_) => last = "it still runs the tried file".into(),
+            match read_config(&self.client, node, ConfigId::Active).await {
+                Ok(running) => match Documents::parse(&running) {
+                    Ok(running) if running.changed_paths(&previous).is_empty() => return Ok(()),
+                    Ok(running)
+                        if tried
+                            .as_ref()
+                            .is_some_and(|t| running.changed_paths(t).is_empty()) =>
+                    {
+                        last = "it still runs the tried file".into()
+                    }
+                    Ok(_) => {
+                        last =
+                            "it runs neither the tried file nor its persisted configuration".into()
+                    }
+                    Err(e) => last = format!("its running configuration does not parse: {e}"),
+                },
                 Err(e) => last = e.to_string(),
             }
             tokio::time::sleep(POLL).await;
@@ -334,9 +352,10 @@ impl Ops {
         )))
     }
 
-    /// Whether the node's persisted configuration is the file (by content).
+    /// Whether the node's persisted configuration (COSI `MachineConfigs`
+    /// `persistent`) is the file (by content).
     async fn persisted(&self, node: &str, params: &Params<'_>) -> Result<bool, OpsError> {
-        let current = read_config(&self.client, node).await?;
+        let current = read_config(&self.client, node, ConfigId::Persistent).await?;
         let (Ok(current), Ok(file)) =
             (Documents::parse(&current), Documents::parse(&params.config))
         else {
@@ -371,12 +390,16 @@ impl Ops {
         facts: &ApplyFacts,
     ) -> Result<Outcome, OpsError> {
         let since = *super::plan::need(&facts.reboot_sent_ms.get(node).copied(), "reboot_sent_ms")?;
+        let vips = facts.vips.get(node).map(Vec::as_slice).unwrap_or_default();
         let started = Instant::now();
         let until = started + params.options.reboot_timeout;
         let mut last = String::from("not answering yet");
         while Instant::now() < until {
             match self.booted_since(node, since).await {
-                Ok(true) => match self.gate_once(node, params, until - Instant::now()).await {
+                Ok(true) => match self
+                    .gate_once(node, params, vips, until - Instant::now())
+                    .await
+                {
                     Ok(summary) if self.persisted(node, params).await.unwrap_or(false) => {
                         return Ok(Outcome::done(format!(
                             "back after {} ms with the file: {summary}",
@@ -400,10 +423,10 @@ impl Ops {
         ))
     }
 
-    /// Whether the node's etcd service started after `since_ms`. Only the
-    /// states a service passes through as it starts count: a health check
-    /// records a `Running` event every period while nothing restarts
-    /// (machined's service runner, internal/app/machined/pkg/system/runner).
+    /// Whether the node's etcd service started after `since_ms`: a
+    /// `Waiting` or `Preparing` event, which only a start records (health
+    /// check results are recorded in the `Running` state, and one may come
+    /// after the reboot was sent but before the node went down).
     async fn booted_since(&self, node: &str, since_ms: u64) -> Result<bool, crate::Error> {
         let services = self.client.node(node).service_list().await?;
         let since = time::OffsetDateTime::UNIX_EPOCH + Duration::from_millis(since_ms);

@@ -177,6 +177,7 @@ impl Ops {
                 options.maintenance.as_ref(),
             )
             .await?;
+        let (wipe, wipe_note) = self.wipe_labels(&address, &options.wipe).await;
         let retire = RetireFacts {
             address,
             member: Some(PlannedMember {
@@ -185,7 +186,7 @@ impl Ops {
             }),
             leads: None,
             source: None,
-            wipe: options.wipe.clone(),
+            wipe,
             snapshot_dir: self.snapshot_dir(options.snapshot_dir.as_ref()),
             silence_timeout: options.silence_timeout,
             snapshot: None,
@@ -207,6 +208,7 @@ impl Ops {
         if old.hostname != *from {
             notes.push(format!("{from} is member {} ({})", old.id, old.hostname));
         }
+        notes.extend(wipe_note);
         let steps = facts
             .join
             .steps()

@@ -34,6 +34,7 @@
 
 mod apply;
 mod apply_steps;
+mod apply_vip;
 mod cluster;
 mod config_diff;
 mod engine;
@@ -51,6 +52,7 @@ mod secret_paths;
 mod snapshot;
 mod spec;
 mod stop;
+mod wipe;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -23,11 +23,7 @@ use super::spec::millis;
 use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
 use crate::client::{MemberId, ResetRequest, WipeMode};
 
-/// The labels a retire wipes unless told otherwise: the node's
-/// configuration and its ephemeral data (etcd's among them).
-pub(crate) fn default_wipe() -> Vec<String> {
-    vec!["STATE".to_string(), "EPHEMERAL".to_string()]
-}
+pub(crate) use super::wipe::default_wipe;
 
 fn default_silence_timeout() -> Duration {
     RetireOptions::DEFAULT_SILENCE_TIMEOUT
@@ -39,7 +35,8 @@ fn default_silence_timeout() -> Duration {
 pub struct RetireOptions {
     /// The node to retire: hostname or address.
     pub node: String,
-    /// Labels to wipe.
+    /// Labels to wipe. The default (`STATE`, `EPHEMERAL`) gains `ETCD` at
+    /// plan time when the node has that volume (Talos 1.14).
     #[serde(default = "default_wipe")]
     pub wipe: Vec<String>,
     /// The node already left etcd: only reset it.
@@ -62,8 +59,9 @@ impl RetireOptions {
     /// How long a retired node may take to go silent, by default.
     pub const DEFAULT_SILENCE_TIMEOUT: Duration = Duration::from_secs(120);
 
-    /// Retire `node` with the defaults: wipe STATE and EPHEMERAL, the
-    /// default snapshot directory and silence timeout.
+    /// Retire `node` with the defaults: wipe STATE and EPHEMERAL (and ETCD
+    /// where the node has it), the default snapshot directory and silence
+    /// timeout.
     pub fn new(node: impl Into<String>) -> RetireOptions {
         RetireOptions {
             node: node.into(),
@@ -222,12 +220,13 @@ impl Ops {
             None => options.node.clone(),
         };
         self.refuse_only_endpoint(&options.node, &address)?;
+        let (wipe, wipe_note) = self.wipe_labels(&address, &options.wipe).await;
         let mut facts = RetireFacts {
             address,
             member: None,
             leads: None,
             source: None,
-            wipe: options.wipe.clone(),
+            wipe,
             snapshot_dir: self.snapshot_dir(options.snapshot_dir.as_ref()),
             silence_timeout: options.silence_timeout,
             snapshot: None,
@@ -267,7 +266,7 @@ impl Ops {
         Ok(Plan::new(
             OpSpec::Retire(options.clone()),
             steps,
-            Vec::new(),
+            wipe_note.into_iter().collect(),
             Facts::Retire(facts),
             &view.basis(),
         ))

@@ -167,6 +167,7 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
                 allow_reboot: o.allow_reboot,
                 try_timeout_s: secs(o.try_timeout),
                 reboot_timeout_s: secs(o.reboot_timeout),
+                vip_check: Some(o.vip_check),
             })
         }
         _ => return Err(ConvertError::LocalOnly("this operation")),
@@ -217,6 +218,9 @@ pub fn spec_from_proto(kind: Kind) -> OpSpec {
             o.allow_reboot = p.allow_reboot;
             o.try_timeout = or_default(p.try_timeout_s, o.try_timeout);
             o.reboot_timeout = or_default(p.reboot_timeout_s, o.reboot_timeout);
+            if let Some(on) = p.vip_check {
+                o.vip_check = on;
+            }
             OpSpec::Apply(o)
         }
     }
@@ -488,5 +492,16 @@ mod tests {
         };
         assert_eq!(o.try_timeout, ApplyOptions::DEFAULT_TRY_TIMEOUT);
         assert_eq!(o.reboot_timeout, ApplyOptions::DEFAULT_REBOOT_TIMEOUT);
+        assert_eq!(o.vip_check, ApplyOptions::DEFAULT_VIP_CHECK);
+        let spec = spec_from_proto(Kind::Apply(proto::ApplyParams {
+            nodes: vec!["n".into()],
+            config_path: "/f".into(),
+            vip_check: Some(!ApplyOptions::DEFAULT_VIP_CHECK),
+            ..Default::default()
+        }));
+        let OpSpec::Apply(o) = spec else {
+            panic!("{spec:?}")
+        };
+        assert_eq!(o.vip_check, !ApplyOptions::DEFAULT_VIP_CHECK);
     }
 }

@@ -21,9 +21,10 @@
 //! version that grows with every change, and a watch compares successive
 //! readings. The stream ends when the node goes down.
 //!
-//! Also here: the switch that makes `Read /system/state/config.yaml`
-//! answer NotFound, as Talos 1.13.9 does (STATE is not mounted since
-//! v1.12.0); it is off by default for now.
+//! Also here: the switch that decides whether `Read /system/state/...`
+//! serves files. By default it answers NotFound, as Talos 1.13.9 does
+//! (STATE is not mounted since v1.12.0, upstream commit "feat: stop
+//! mounting state partition"); a test of `Read` itself turns it on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -70,7 +71,7 @@ pub(crate) fn server(machined: Machined) -> StateServer<Machined> {
 #[derive(Default)]
 struct NodeCosi {
     versions: Mutex<HashMap<(String, String, String), Versioned>>,
-    state_unmounted: std::sync::atomic::AtomicBool,
+    state_mounted: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Clone)]
@@ -104,20 +105,20 @@ fn bookkeeping(node: &Arc<Node>) -> Arc<NodeCosi> {
     state
 }
 
-/// Makes `Read /system/state/...` on `node` answer NotFound (`mounted =
-/// false`), as on Talos 1.13.9 where STATE is not mounted and the
-/// configuration is read through COSI; `true` (the default) serves the
-/// persisted configuration there as before.
+/// Whether `Read /system/state/...` on `node` serves the STATE volume's
+/// files (`mounted = true`, as Talos did before v1.12.0) or answers
+/// NotFound (`false`, the default, as Talos 1.13.9 does: its configuration
+/// is read through COSI).
 pub fn set_state_partition_mounted(node: &Arc<Node>, mounted: bool) {
     bookkeeping(node)
-        .state_unmounted
-        .store(!mounted, std::sync::atomic::Ordering::Relaxed);
+        .state_mounted
+        .store(mounted, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Whether `Read` may serve files of STATE on `node` (see
 /// [`set_state_partition_mounted`]).
 pub(crate) fn state_partition_mounted(node: &Node) -> bool {
-    lookup(node).is_none_or(|s| !s.state_unmounted.load(std::sync::atomic::Ordering::Relaxed))
+    lookup(node).is_some_and(|s| s.state_mounted.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 impl NodeCosi {

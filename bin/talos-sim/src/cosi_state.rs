@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::api::cosi::resource::meta as meta_pb;
 use crate::api::talos::resource::definitions as defs;
 use crate::cluster::Shared;
-use crate::node::{Node, Power, SYSTEM_VOLUMES};
+use crate::node::{Node, Power, system_volumes};
 use talos_client::client::resources::types as t;
 
 /// One resource before versioning: where it is and its spec.
@@ -384,7 +384,8 @@ fn runtime_items(node: &Node, etcd: (bool, Option<u64>)) -> Vec<Item> {
             spec.encode_to_vec(),
         ));
     }
-    for (i, label) in SYSTEM_VOLUMES.iter().enumerate() {
+    // A 1.14 node has etcd's own volume, ETCD, too.
+    for (i, label) in system_volumes(node.talos_version()).iter().enumerate() {
         let y = serde_json::json!({"phase": "ready", "type": "partition", "location": format!("/dev/sda{}", i + 3), "prettySize": "1.0 GB"});
         let spec = defs::VolumeStatusSpec {
             phase: 6,
@@ -503,15 +504,20 @@ pub(crate) fn layer2_vips(config: &str) -> Vec<(std::net::Ipv4Addr, String)> {
 static HOLDERS: Mutex<Vec<(std::path::PathBuf, std::net::Ipv4Addr, String)>> =
     Mutex::new(Vec::new());
 
+/// The links a simulated node has besides `lo`.
+pub(crate) const LINKS: &[&str] = &["eth0"];
+
 /// Whether `node` may hold `vip`: a powered control-plane node whose etcd
-/// runs and whose active configuration asks for the VIP.
+/// runs and whose active configuration asks for the VIP on a link it has
+/// (upstream's VIP operator runs on the named link and never starts on a
+/// missing one: internal/app/machined/pkg/controllers/network/operator/vip.go).
 async fn eligible(node: &Node, vip: std::net::Ipv4Addr) -> bool {
     node.is_control_plane()
         && node.power() == Power::On
         && node.etcd_running().await
         && layer2_vips(&node.active_config())
             .iter()
-            .any(|(ip, _)| *ip == vip)
+            .any(|(ip, link)| *ip == vip && LINKS.contains(&link.as_str()))
 }
 
 /// The name of the node holding `vip` now, electing a new holder if needed.

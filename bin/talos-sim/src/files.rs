@@ -1,9 +1,11 @@
 //! Files a simulated node serves through MachineService `Read`, as
 //! machined's Read handler does (internal/app/machined/internal/server/
 //! v1alpha1/v1alpha1_server.go): a missing path is NotFound with Go's
-//! `stat` text, anything but a regular file fails. Only the STATE volume is
-//! simulated: `/system/state/config.yaml` is the node's persisted machine
-//! configuration.
+//! `stat` text, anything but a regular file fails. Like Talos 1.13.9 a node
+//! does not mount STATE, so every path answers NotFound; with the STATE
+//! switch on ([`crate::cosi::set_state_partition_mounted`]) the STATE
+//! volume is served: `/system/state/config.yaml` is the node's persisted
+//! machine configuration.
 
 use tonic::Status;
 

@@ -282,6 +282,10 @@ async fn read_serves_the_persisted_config_as_machined_does() {
     let sim = SimCluster::start(1).await;
     let client = sim.admin().node(sim.ip(1));
     let node = sim.cluster.node("cp-1").unwrap();
+    // Talos before v1.12.0 mounted STATE; the simulator does so on request.
+    sim.cluster
+        .set_state_partition_mounted("cp-1", true)
+        .unwrap();
     let config = read_all(&client, "/system/state/config.yaml")
         .await
         .unwrap();

@@ -167,6 +167,12 @@ pub enum OpsCommand {
         /// the health gate to pass.
         #[arg(long, value_name = "CMD")]
         check: Option<String>,
+        /// When the file changes a Layer2VIPConfig document, the gate also
+        /// waits until each of its VIPs is held by exactly one
+        /// control-plane node, which answers the Talos API (default true;
+        /// --vip-check=false turns it off).
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+        vip_check: Option<bool>,
     },
     /// List this cluster's operations.
     List,
@@ -260,6 +266,7 @@ impl OpsCommand {
                 try_timeout,
                 reboot_timeout,
                 check,
+                vip_check,
             } => {
                 let path = std::path::absolute(file).unwrap_or_else(|_| file.clone());
                 let mut o = ApplyOptions::new(nodes, path);
@@ -269,6 +276,9 @@ impl OpsCommand {
                 set(&mut o.try_timeout, try_timeout);
                 set(&mut o.reboot_timeout, reboot_timeout);
                 o.check = check.clone();
+                if let Some(on) = vip_check {
+                    o.vip_check = *on;
+                }
                 OpSpec::Apply(o)
             }
             OpsCommand::List

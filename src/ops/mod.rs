@@ -44,6 +44,7 @@ mod lock;
 mod migrate;
 pub(crate) mod plan;
 mod policy;
+mod preflight;
 mod refusal;
 mod retire;
 mod snapshot;

@@ -135,7 +135,8 @@ impl Ops {
     /// Preflight of a migration: OLD must be a voting member and not the
     /// talosconfig's only endpoint, NEW must not be a member yet (it may
     /// be a learner already joining), every voter must be healthy and the
-    /// lists agree. The quorum checks of the retire run again once NEW is
+    /// lists agree, and every label to wipe must be a located volume of
+    /// OLD. The quorum checks of the retire run again once NEW is
     /// a voter, before anything touches OLD.
     pub(super) async fn plan_migrate(&self, options: &MigrateOptions) -> Result<Plan, OpsError> {
         let view = ClusterView::read(&self.client).await?;
@@ -169,6 +170,7 @@ impl Ops {
         if !unhealthy.is_empty() {
             return Err(Refusal::UnhealthyVoters { voters: unhealthy }.into());
         }
+        self.check_wipe_labels(&address, &options.wipe).await?;
         let join = self
             .join_facts(
                 &view,

@@ -45,6 +45,7 @@ mod lock;
 mod migrate;
 pub(crate) mod plan;
 mod policy;
+mod preflight;
 mod refusal;
 mod retire;
 mod sa_validation;

@@ -267,6 +267,28 @@ pub enum Refusal {
         /// The fingerprint of a plan made now.
         now: String,
     },
+    /// A label to wipe names no volume the node can wipe.
+    #[error(
+        "{node} has no located volume {label} to wipe (its volumes: {})",
+        .volumes.join(", ")
+    )]
+    UnknownWipeLabel {
+        /// The node.
+        node: String,
+        /// The label at fault.
+        label: String,
+        /// The node's located volumes.
+        volumes: Vec<String>,
+    },
+    /// The node's volumes could not be read, so its wipe labels cannot be
+    /// checked.
+    #[error("cannot read {node}'s volumes to check the labels to wipe: {error}")]
+    VolumesUnknown {
+        /// The node.
+        node: String,
+        /// Why.
+        error: String,
+    },
 }
 
 /// How to keep the old issuer and audience, on the node's version.

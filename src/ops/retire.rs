@@ -211,7 +211,8 @@ impl Ops {
     /// not a member (unless `already_left`), is the last voter, a learner is
     /// present, the member lists disagree, a remaining voter is unhealthy,
     /// the healthy voters left would be fewer than a quorum, or the node is
-    /// the talosconfig's only endpoint.
+    /// the talosconfig's only endpoint, or a label to wipe names no located
+    /// volume of the node.
     pub(super) async fn plan_retire(&self, options: &RetireOptions) -> Result<Plan, OpsError> {
         let view = ClusterView::read(&self.client).await?;
         let member = view.find(&options.node);
@@ -258,6 +259,7 @@ impl Ops {
                 });
             }
         }
+        self.check_wipe_labels(&facts.address, &facts.wipe).await?;
         let steps = facts
             .steps()
             .into_iter()

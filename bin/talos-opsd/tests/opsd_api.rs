@@ -228,6 +228,41 @@ async fn one_operation_per_cluster_and_clusters_in_parallel() {
     assert_eq!(listed.operations[0].id, other.id);
 }
 
+/// Through the daemon too, a label to wipe that names no volume of the node
+/// is refused at plan and at start, and nothing changes.
+#[tokio::test]
+async fn an_unknown_wipe_label_is_refused_before_anything_changes() {
+    let sim = SimCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tc = sim.dir.path().join("talosconfig");
+    let d = Daemon::start(dir.path(), &cluster_toml("a", &tc, "")).await;
+    let mut client = d.client().await;
+    let members = || async {
+        sim.admin()
+            .node(sim.ip(1).as_str())
+            .etcd_member_list(false)
+            .await
+            .unwrap()
+            .len()
+    };
+    let mut request = retire(&sim.ip(3));
+    if let Some(Kind::Retire(p)) = request.kind.as_mut() {
+        p.wipe = vec!["BOGUS".into()];
+    }
+    let plan = client.plan_operation(request.clone()).await.unwrap_err();
+    assert!(
+        plan.message().contains("no located volume BOGUS"),
+        "{plan:?}"
+    );
+    let start = client.start_operation(request).await.unwrap_err();
+    assert!(
+        start.message().contains("no located volume BOGUS"),
+        "{start:?}"
+    );
+    assert_eq!(members().await, 3);
+    assert!(sim.admin().node(sim.ip(3).as_str()).version().await.is_ok());
+}
+
 #[tokio::test]
 async fn a_cancel_after_a_destructive_step_is_refused_with_the_reason() {
     let sim = SimCluster::start(3).await;

@@ -157,6 +157,31 @@ async fn refusals_change_nothing() {
     );
 }
 
+/// A label the node has no volume for is refused at plan time, before the
+/// snapshot, the forfeit and the leave: nothing changes and the node still
+/// answers (upstream's Reset would refuse it only after the leave).
+#[tokio::test]
+async fn an_unknown_wipe_label_is_refused_before_anything_changes() {
+    let f = Fixture::start(3).await;
+    let before = f.members().await;
+    for args in [
+        ["--yes", "retire", "cp-3", "--wipe", "BOGUS"],
+        ["--plan", "retire", "cp-3", "--wipe", "BOGUS"],
+    ] {
+        let run = f.ops(&args).await;
+        assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+        assert!(
+            run.stderr.contains("no located volume BOGUS") && run.stderr.contains("STATE"),
+            "{}",
+            run.stderr
+        );
+    }
+    assert_eq!(f.members().await, before);
+    assert!(f.sim.admin().node(f.sim.ip(3)).version().await.is_ok());
+    let journal = f.ops(&["list"]).await.ok().json();
+    assert_eq!(journal.as_array().map(Vec::len), Some(0), "{journal}");
+}
+
 /// A voter whose etcd service is down still answers on its API, but its
 /// etcd calls wait for etcd (as on Talos): the preflight gives up on it
 /// after its per-voter deadline and refuses, naming it.

@@ -358,12 +358,16 @@ impl Ops {
                     notes.push(format!("{node} already runs {file}: nothing to apply"));
                     return Ok(None);
                 }
-                notes.push(format!("{node}: dry run:\n{summary}"));
+                notes.push(format!(
+                    "{node}: dry run:\n{}",
+                    super::secret_paths::redact_diff(&summary)
+                ));
                 false
             }
             Ok(DryRun::NeedsReboot(reason)) if options.allow_reboot => {
                 notes.push(format!(
-                    "{node}: the change needs a reboot (allowed): no automatic rollback\n{reason}"
+                    "{node}: the change needs a reboot (allowed): no automatic rollback\n{}",
+                    super::secret_paths::redact_diff(&reason)
                 ));
                 true
             }
@@ -371,7 +375,7 @@ impl Ops {
                 return Err(Refusal::NeedsReboot {
                     node: node.into(),
                     file: file.into(),
-                    reason,
+                    reason: super::secret_paths::redact_diff(&reason),
                 }
                 .into());
             }

@@ -173,6 +173,81 @@ pub(crate) fn guard_paths(
     Ok(())
 }
 
+/// Fields whose value is private material itself (not a trust anchor such as
+/// a certificate), hidden wherever a configuration is shown.
+const PRIVATE_KEYS: &[&str] = &[
+    "key",
+    "token",
+    "secret",
+    "secretboxEncryptionSecret",
+    "aescbcEncryptionSecret",
+    "privateKey",
+    "password",
+    "auth",
+    "identityToken",
+];
+
+/// What stands in for a hidden value.
+const REDACTED: &str = "<redacted>";
+
+/// A node's dry-run diff (or any YAML-shaped text the node sends back) with
+/// the values of private fields replaced: a plan is printed, journaled and
+/// sent by the daemon, and must never carry a private key or a token. A
+/// block value (`key: |` or a nested mapping) is hidden line by line.
+pub(crate) fn redact_diff(diff: &str) -> String {
+    let mut out = String::with_capacity(diff.len());
+    // The indentation of the private field whose block is being hidden.
+    let mut hiding: Option<usize> = None;
+    for line in diff.lines() {
+        let header = line.starts_with("---") || line.starts_with("+++");
+        let Some(mark) = line.chars().next().filter(|c| matches!(c, ' ' | '+' | '-')) else {
+            hiding = None;
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        };
+        if header {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        let body = &line[1..];
+        let indent = body.len() - body.trim_start().len();
+        if let Some(field) = hiding {
+            if indent > field && !body.trim().is_empty() {
+                out.push(mark);
+                out.push_str(&body[..indent]);
+                out.push_str(REDACTED);
+                out.push('\n');
+                continue;
+            }
+            hiding = None;
+        }
+        let item = body.trim_start().trim_start_matches("- ");
+        match item.split_once(':') {
+            Some((name, value)) if PRIVATE_KEYS.contains(&name.trim()) => {
+                let value = value.trim();
+                if value.is_empty() || value.starts_with('|') || value.starts_with('>') {
+                    hiding = Some(indent);
+                    out.push_str(line);
+                } else {
+                    // A field name holds no colon: the first one ends it.
+                    let colon = line.find(':').unwrap_or(line.len());
+                    out.push_str(&line[..colon]);
+                    out.push_str(": ");
+                    out.push_str(REDACTED);
+                }
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    if !diff.ends_with('\n') {
+        out.pop();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +270,29 @@ mod tests {
             &changed_secrets(&old, &new),
             &expected,
         )
+    }
+
+    #[test]
+    fn a_dry_run_diff_never_shows_private_values() {
+        let diff = "--- a\n+++ b\n@@ -1,6 +1,6 @@\n machine:\n   ca:\n     crt: PUBLICCERT\n-    key: OLDPRIVATE\n+    key: NEWPRIVATE\n-  token: oldtoken\n+  token: newtoken\n   certSANs: []\n cluster:\n   serviceAccount:\n     key: |\n       LINE1PRIVATE\n       LINE2PRIVATE\n   clusterName: c\nNo more.";
+        let shown = redact_diff(diff);
+        for secret in [
+            "OLDPRIVATE",
+            "NEWPRIVATE",
+            "oldtoken",
+            "newtoken",
+            "LINE1PRIVATE",
+            "LINE2PRIVATE",
+        ] {
+            assert!(!shown.contains(secret), "{secret} shown in:\n{shown}");
+        }
+        assert!(shown.contains("     crt: PUBLICCERT"), "{shown}");
+        assert!(shown.contains("-    key: <redacted>"), "{shown}");
+        assert!(shown.contains("+  token: <redacted>"), "{shown}");
+        assert!(shown.contains("   clusterName: c"), "{shown}");
+        assert!(shown.starts_with("--- a\n+++ b\n"), "{shown}");
+        assert!(shown.ends_with("No more."), "{shown}");
+        assert_eq!(shown.lines().count(), diff.lines().count());
     }
 
     #[test]

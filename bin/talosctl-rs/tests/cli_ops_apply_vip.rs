@@ -94,7 +94,12 @@ async fn a_vip_placed_nowhere_fails_the_gate_and_the_rollback_is_verified() {
     let before = node.active_config();
     // The simulated nodes have no link ens18: no node can announce the VIP.
     let file = with_vip(&f, "ens18");
-    let run = apply(&f, &file, &["--try-timeout", "3s"]).await;
+    let run = apply(
+        &f,
+        &file,
+        &["--expect-change", "Layer2VIPConfig", "--try-timeout", "3s"],
+    )
+    .await;
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(
         run.stderr
@@ -119,10 +124,20 @@ async fn a_vip_placed_nowhere_fails_the_gate_and_the_rollback_is_verified() {
 async fn the_vip_check_can_be_turned_off() {
     let f = Fixture::start(1).await;
     let file = with_vip(&f, "ens18");
-    let record = apply(&f, &file, &["--try-timeout", "20s", "--vip-check=false"])
-        .await
-        .ok()
-        .json();
+    let record = apply(
+        &f,
+        &file,
+        &[
+            "--expect-change",
+            "Layer2VIPConfig",
+            "--try-timeout",
+            "20s",
+            "--vip-check=false",
+        ],
+    )
+    .await
+    .ok()
+    .json();
     assert_eq!(record["state"], "succeeded", "{record}");
     let node = f.sim.cluster.node("cp-1").unwrap();
     assert!(node.active_config().contains("Layer2VIPConfig"));

@@ -153,6 +153,7 @@ async fn roles_and_unknown_types_fail_clearly() {
         "{}",
         unknown.stderr
     );
+    assert!(unknown.stderr.contains("get rd"), "{}", unknown.stderr);
 }
 
 /// Lines of a running command's stdout, read in a thread.

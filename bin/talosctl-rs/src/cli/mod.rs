@@ -367,6 +367,9 @@ fn client_hint(e: &Error) -> Option<String> {
                 .into()
         }
         Error::NotFound(_) => "check the id or name (e.g. `talosctl-rs etcd members`)".into(),
+        Error::UnknownResourceType { .. } => {
+            "list the resource types the node knows with `talosctl-rs get rd`".into()
+        }
         Error::FailedPrecondition(_) => {
             "the node is busy or not ready for this; check its state and retry".into()
         }

@@ -214,14 +214,16 @@ fn normalise(text: &str, table: bool) -> String {
         (r"[A-Za-z0-9+/]{40,}={0,2}", "<BASE64>"),
         (r"\d{8}T\d{6}-[0-9a-f]{6}", "<OP>"),
         (r"\d{4}-\d{2}-\d{2}T[0-9:.]+(Z|[+-]\d{2}:\d{2})", "<TIME>"),
+        // Numbers before member ids: a gap such as 2.1234567890123456 has
+        // sixteen fraction digits, which would otherwise read as a member id.
+        (r"\b\d+(\.\d+)? ?(ms|s)\b", "<DUR>"),
+        // JSON numbers (durations, gaps, timeouts).
+        (r"(: )-?\d+(\.\d+)?(,?)$", "${1}<N>${3}"),
         (r"\b[0-9a-f]{16}\b", "<MEMBER>"),
         (r"127(\.\d+){3}", "<IP>"),
         (r"<IP>:\d+", "<IP>:<PORT>"),
         (r"\bcp-\d+\b", "cp-<N>"),
-        (r"\b\d+(\.\d+)? ?(ms|s)\b", "<DUR>"),
         (r"attempt \d+", "attempt <N>"),
-        // JSON numbers (durations, gaps, timeouts).
-        (r"(: )-?\d+(\.\d+)?(,?)$", "${1}<N>${3}"),
     ];
     let mut out = String::new();
     for line in text.lines() {
@@ -239,4 +241,14 @@ fn normalise(text: &str, table: bool) -> String {
         out.push('\n');
     }
     out
+}
+
+#[test]
+fn a_float_with_sixteen_fraction_digits_is_a_number_not_a_member_id() {
+    let json = "  \"leave_to_reset_gap_ms\": 2.1234567890123456,\n  \"member_id\": \"0123456789abcdef\"";
+    assert_eq!(
+        normalise(json, false),
+        "  \"leave_to_reset_gap_ms\": <N>,\n  \"member_id\": \"<MEMBER>\"\n"
+    );
+    assert_eq!(normalise("gap 3.1234567890123456 ms", true), "gap <DUR>\n");
 }

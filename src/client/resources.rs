@@ -30,7 +30,8 @@ use crate::api::cosi::resource::state_client::StateClient;
 
 pub use super::resources_specs::{
     AddressStatus, ClusterMember, ConfigId, EtcdLocalMember, MachineConfig, MachineStatus,
-    ResourceDefinition, ServiceStatus, TalosVersion, UnmetCondition, VolumeStatus, types,
+    NodeIdentity, ResourceDefinition, ServiceStatus, TalosVersion, UnmetCondition, VolumeStatus,
+    types,
 };
 
 /// The stub of `cosi.resource.State` over a client transport.

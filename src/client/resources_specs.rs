@@ -41,6 +41,8 @@ pub mod types {
     pub const CLUSTER_NAMESPACE: &str = "cluster";
     /// Cluster members as discovery sees them.
     pub const CLUSTER_MEMBER: &str = "Members.cluster.talos.dev";
+    /// The node's identity (id `local`), in [`CLUSTER_NAMESPACE`].
+    pub const IDENTITY: &str = "Identities.cluster.talos.dev";
     /// Namespace of network resources.
     pub const NETWORK_NAMESPACE: &str = "network";
     /// Addresses on the node's links (a Layer-2 VIP among them while held).
@@ -277,6 +279,17 @@ impl AddressStatus {
     }
 }
 
+/// The node's identity (`Identities.cluster.talos.dev`, id `local`): a
+/// random id kept on the STATE partition, the same across reboots and new
+/// after STATE is wiped. It tells one machine from another at one address.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct NodeIdentity {
+    /// The node id.
+    pub node_id: String,
+}
+
 /// A volume.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -306,6 +319,18 @@ impl<S: Scope> Resources<S> {
                 .get_one(types::CONFIG_NAMESPACE, types::MACHINE_CONFIG, which.id())
                 .await?;
             MachineConfig::decode(&r)
+        })
+        .await
+    }
+
+    /// The node's identity (NotFound in maintenance mode, where STATE is
+    /// not in use).
+    pub async fn node_identity(&self) -> Result<S::Output<NodeIdentity>> {
+        self.per_node(|one| async move {
+            let r = one
+                .get_one(types::CLUSTER_NAMESPACE, types::IDENTITY, "local")
+                .await?;
+            r.decode_yaml()
         })
         .await
     }

@@ -44,8 +44,13 @@ impl ClusterView {
     /// not fail, they wait for etcd (upstream's local etcd client sends with
     /// WaitForReady), and that voter is unhealthy for the preflight.
     pub async fn read(client: &Client) -> Result<ClusterView, Error> {
+        Self::read_within(client, VOTER_CALL_TIMEOUT).await
+    }
+
+    /// As [`ClusterView::read`], each call bounded by `timeout`.
+    pub async fn read_within(client: &Client, timeout: Duration) -> Result<ClusterView, Error> {
+        let client = &client.with_call_timeout(timeout);
         let mut members = client.etcd_member_list(false).await?;
-        let client = &client.with_call_timeout(VOTER_CALL_TIMEOUT);
         members.sort_by_key(|m| m.id);
         let mut statuses = Vec::new();
         let mut disagreements = Vec::new();

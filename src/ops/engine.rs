@@ -11,6 +11,13 @@ use super::{
     StepState,
 };
 
+/// How a step ended, before it is journaled.
+struct StepEnded {
+    state: StepState,
+    duration_ms: u64,
+    detail: String,
+}
+
 /// What a run needs besides the record: the typed spec, steps and facts.
 struct Typed {
     spec: OpSpec,
@@ -128,6 +135,14 @@ impl Ops {
         } = typed;
         let steps = record.steps;
         let mut started_with_previous = false;
+        // A failure once a leave or reset ran needs attention.
+        let mut past_no_return = steps
+            .iter()
+            .zip(&typed_steps)
+            .any(|(s, t)| t.point_of_no_return() && s.state != StepState::Pending);
+        // The end of a step bound to this one, written after this one's
+        // call (nothing is written between a leave and its reset).
+        let mut deferred: Option<(usize, StepEnded)> = None;
         if steps
             .iter()
             .any(|s| s.destructive && s.state != StepState::Pending)
@@ -141,9 +156,14 @@ impl Ops {
             let started = Instant::now();
             // A running step is one in flight when the process died (on
             // resume) or one started in the same commit as the previous
-            // step's end.
-            let in_flight = step.state == StepState::Running;
-            if !in_flight && !started_with_previous {
+            // step's end. A destructive step that failed is, on resume,
+            // reconciled as one in flight: it may have taken effect.
+            let failed_before = resuming && step.destructive && step.state == StepState::Failed;
+            let in_flight = step.state == StepState::Running || failed_before;
+            let bound = deferred.is_some();
+            if failed_before {
+                self.journal.step_started(&id, index)?;
+            } else if !in_flight && !started_with_previous && !bound {
                 self.stop_at_boundary(&id, step)?;
                 self.journal.step_started(&id, index)?;
             }
@@ -154,6 +174,7 @@ impl Ops {
                 node,
                 destructive: step.destructive,
             });
+            past_no_return |= typed_step.point_of_no_return();
             let result = if in_flight && resuming {
                 self.reconcile(&spec, typed_step, &mut facts, step.started.as_deref())
                     .await
@@ -167,6 +188,29 @@ impl Ops {
                 Ok(outcome) => (outcome.state, outcome.detail.clone()),
                 Err(error) => (StepState::Failed, error.to_string()),
             };
+            let ended = StepEnded {
+                state,
+                duration_ms,
+                detail,
+            };
+            // The next step of a unit runs at once; this step's end is
+            // written with it.
+            if result.is_ok() && typed_step.bound_to_next() && index + 1 < steps.len() {
+                self.stop.enter_destructive();
+                deferred = Some((index, ended));
+                continue;
+            }
+            if let Some((earlier, end)) = deferred.take() {
+                self.end_step(
+                    &id,
+                    earlier,
+                    &steps[earlier],
+                    &end,
+                    &facts_value,
+                    None,
+                    observe,
+                )?;
+            }
             // A destructive next step is journaled as started in the same
             // commit, so nothing slow sits between the two. A park or
             // cancel stops before it, unless this step was destructive too
@@ -178,32 +222,55 @@ impl Ops {
                 .filter(|_| step.destructive || !self.stop.is_stopping())
                 .filter(|_| self.stop.enter_destructive())
                 .map(|_| index + 1);
-            let end = StepEnd {
-                state,
-                duration_ms,
-                detail: Some(&detail),
-            };
-            self.journal
-                .step_ended(&id, index, end, &facts_value, next)?;
-            observe(Event::StepEnded {
-                index,
-                name,
-                node,
-                state,
-                duration_ms,
-                detail: &detail,
-            });
+            self.end_step(&id, index, step, &ended, &facts_value, next, observe)?;
             started_with_previous = next.is_some();
             if let Err(error) = result {
-                self.journal.set_state(&id, OpState::Failed)?;
+                let attention = past_no_return || matches!(error, OpsError::NeedsAttention { .. });
+                let state = if attention {
+                    OpState::NeedsAttention
+                } else {
+                    OpState::Failed
+                };
+                self.journal.set_state(&id, state)?;
                 return Err(match error {
-                    e @ OpsError::StepFailed { .. } => e,
+                    e @ (OpsError::StepFailed { .. } | OpsError::NeedsAttention { .. }) => e,
+                    other if attention => OpsError::attention(&step.label(), other),
                     other => OpsError::step(&step.label(), other),
                 });
             }
         }
         self.journal.set_state(&id, OpState::Succeeded)?;
         self.journal.get(&id)
+    }
+
+    /// Journals the end of step `index` (and the start of `next` in the same
+    /// commit) and reports it.
+    #[allow(clippy::too_many_arguments)]
+    fn end_step(
+        &mut self,
+        id: &str,
+        index: usize,
+        step: &StepRecord,
+        ended: &StepEnded,
+        facts: &serde_json::Value,
+        next: Option<usize>,
+        observe: &mut (dyn FnMut(Event<'_>) + Send),
+    ) -> Result<(), OpsError> {
+        let end = StepEnd {
+            state: ended.state,
+            duration_ms: ended.duration_ms,
+            detail: Some(&ended.detail),
+        };
+        self.journal.step_ended(id, index, end, facts, next)?;
+        observe(Event::StepEnded {
+            index,
+            name: &step.name,
+            node: step.node.as_deref(),
+            state: ended.state,
+            duration_ms: ended.duration_ms,
+            detail: &ended.detail,
+        });
+        Ok(())
     }
 
     /// At a step boundary: ends the run as cancelled or parked when asked.

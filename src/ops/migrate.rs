@@ -104,6 +104,18 @@ impl StepInfo for MigrateStep {
             MigrateStep::Retire(s) => s.destructive(),
         }
     }
+
+    fn bound_to_next(&self) -> bool {
+        matches!(self, MigrateStep::Retire(s) if s.bound_to_next())
+    }
+
+    fn point_of_no_return(&self) -> bool {
+        match self {
+            MigrateStep::Join(s) => s.point_of_no_return(),
+            MigrateStep::CheckRetire => false,
+            MigrateStep::Retire(s) => s.point_of_no_return(),
+        }
+    }
 }
 
 /// A migration's facts: its join half's and its retire half's.
@@ -180,6 +192,7 @@ impl Ops {
             )
             .await?;
         let (wipe, wipe_note) = self.wipe_labels(&address, &options.wipe).await;
+        let node_id = self.node_id_of(&address).await;
         let retire = RetireFacts {
             address,
             member: Some(PlannedMember {
@@ -187,6 +200,7 @@ impl Ops {
                 hostname: old.hostname.clone(),
             }),
             leads: None,
+            identity: Some(super::TargetIdentity { node_id }),
             source: None,
             wipe,
             snapshot_dir: self.snapshot_dir(options.snapshot_dir.as_ref()),

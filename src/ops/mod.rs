@@ -39,6 +39,7 @@ mod cluster;
 mod config_diff;
 mod engine;
 mod guard;
+mod identity;
 mod join;
 mod journal;
 mod lock;
@@ -67,6 +68,7 @@ use crate::config::ResolvedContext;
 pub use apply::{ApplyFacts, ApplyPhase, ApplyStep};
 pub use config_diff::ConfigParseError;
 pub use guard::check_plain_reset;
+pub use identity::TargetIdentity;
 pub use join::{JoinFacts, JoinStep, PlannedMaintenance};
 pub use journal::{Journal, OpRecord, OpState, StepRecord, StepState};
 pub use lock::ClusterLock;
@@ -131,6 +133,16 @@ pub enum OpsError {
         /// The step.
         step: String,
         /// Why.
+        reason: String,
+    },
+    /// A step found the node or the cluster not as it must be to go on
+    /// safely, where going on could do harm (reset a live member, count a
+    /// silent node as reset): a person looks, then resumes or abandons.
+    #[error("step {step:?} needs attention: {reason}")]
+    NeedsAttention {
+        /// The step.
+        step: String,
+        /// What it found.
         reason: String,
     },
     /// A step needs a fact its operation's record does not hold.
@@ -223,6 +235,13 @@ impl OpsError {
         OpsError::Journal {
             path: path.to_owned(),
             source,
+        }
+    }
+
+    fn attention(step: &str, reason: impl std::fmt::Display) -> OpsError {
+        OpsError::NeedsAttention {
+            step: step.to_string(),
+            reason: reason.to_string(),
         }
     }
 

@@ -26,6 +26,16 @@ pub(crate) trait StepInfo {
     fn node(&self) -> Option<&str> {
         None
     }
+    /// Whether the next step follows at once, with no journal write
+    /// between them (a leave and its reset).
+    fn bound_to_next(&self) -> bool {
+        false
+    }
+    /// Whether the cluster cannot be put back as it was once this step
+    /// ran (a leave, a reset): a failure from here on needs attention.
+    fn point_of_no_return(&self) -> bool {
+        false
+    }
 }
 
 /// One step of any operation.
@@ -69,6 +79,17 @@ impl Step {
     /// Whether it changes the cluster.
     pub fn destructive(&self) -> bool {
         self.info().destructive()
+    }
+
+    /// Whether the next step follows it at once, with no journal write
+    /// between them.
+    pub fn bound_to_next(&self) -> bool {
+        self.info().bound_to_next()
+    }
+
+    /// Whether a failure once it ran needs attention.
+    pub fn point_of_no_return(&self) -> bool {
+        self.info().point_of_no_return()
     }
 
     /// Its name, with its node when it has one (`try 10.5.0.2`).

@@ -5,11 +5,20 @@
 //! traffic until it stops), confirmation through a survivor, and a wait
 //! until NODE is silent.
 //!
-//! Nothing slow sits between the leave's answer and the reset: the reset
-//! request and the connection are ready before the leave is sent, and the
-//! only work in between is one journal commit. The survivors' confirmation
-//! therefore comes after the reset; the leave's answer already means the
-//! member was removed (upstream removes it before stopping etcd).
+//! Nothing sits between the leave's answer and the reset: the two are one
+//! unit (the engine journals the leave as started before it is sent and
+//! writes nothing until the reset has answered), the connection is ready,
+//! and the node's identity was checked right before the leave. The
+//! survivors' confirmation therefore comes after the reset; the leave's
+//! answer already means the member was removed (upstream removes it before
+//! stopping etcd).
+//!
+//! Right before the forfeit a fresh check reads the cluster again within a
+//! short bound: a plan made minutes ago (a snapshot of a large database, a
+//! person at a prompt) says nothing about a survivor that froze since. A
+//! reset that does not follow its leave at once (resumed, retried, or of a
+//! node that already left) goes through [`Ops::reset_checked`]: sent only
+//! to the planned machine when no survivor lists a member there.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -17,6 +26,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterView, member_address, names};
+use super::identity::{Checked, TargetIdentity};
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
 use super::policy::{Source, check_removal, pick_source, unhealthy_voters};
 use super::spec::millis;
@@ -79,6 +89,11 @@ impl RetireOptions {
 pub enum RetireStep {
     /// A verified snapshot from a surviving voter.
     Snapshot,
+    /// Read the cluster again right before the first change: every
+    /// survivor answers within a short bound, the lists agree, quorum holds
+    /// without the node, and the node is still the planned machine and
+    /// member.
+    Check,
     /// Hand leadership over if the node leads.
     Forfeit,
     /// EtcdLeaveCluster on the node.
@@ -95,6 +110,7 @@ impl StepInfo for RetireStep {
     fn name(&self) -> &'static str {
         match self {
             RetireStep::Snapshot => "snapshot",
+            RetireStep::Check => "check",
             RetireStep::Forfeit => "forfeit",
             RetireStep::Leave => "leave",
             RetireStep::Reset => "reset",
@@ -108,6 +124,15 @@ impl StepInfo for RetireStep {
             self,
             RetireStep::Forfeit | RetireStep::Leave | RetireStep::Reset
         )
+    }
+
+    fn bound_to_next(&self) -> bool {
+        // The leave and the reset are one unit: no journal write between.
+        matches!(self, RetireStep::Leave)
+    }
+
+    fn point_of_no_return(&self) -> bool {
+        matches!(self, RetireStep::Leave | RetireStep::Reset)
     }
 }
 
@@ -130,6 +155,10 @@ pub struct RetireFacts {
     pub member: Option<PlannedMember>,
     /// Whether it led at plan time (`None`: not known yet).
     pub leads: Option<bool>,
+    /// Who the node is, as it said at plan time (`None`: a journal of an
+    /// earlier version, or a node that did not answer).
+    #[serde(default)]
+    pub identity: Option<TargetIdentity>,
     /// The surviving voter the snapshot comes from (`None` until chosen).
     pub source: Option<Source>,
     /// The labels to wipe.
@@ -151,7 +180,7 @@ impl RetireFacts {
     pub(crate) fn steps(&self) -> Vec<RetireStep> {
         use RetireStep::*;
         if self.member.is_some() {
-            vec![Snapshot, Forfeit, Leave, Reset, Confirm, WaitSilent]
+            vec![Snapshot, Check, Forfeit, Leave, Reset, Confirm, WaitSilent]
         } else {
             vec![Reset, WaitSilent]
         }
@@ -186,6 +215,10 @@ impl RetireStep {
                     f.snapshot_dir.display()
                 ),
             },
+            RetireStep::Check => format!(
+                "read the cluster again: survivors answer within {} s, quorum holds without {name}, {address} is still the planned machine and member",
+                FRESH_CHECK_TIMEOUT.as_secs()
+            ),
             RetireStep::Forfeit => match f.leads {
                 Some(true) => {
                     format!("{name} leads: hand leadership over and wait for a new leader")
@@ -226,6 +259,7 @@ impl Ops {
             address,
             member: None,
             leads: None,
+            identity: None,
             source: None,
             wipe,
             snapshot_dir: self.snapshot_dir(options.snapshot_dir.as_ref()),
@@ -260,15 +294,30 @@ impl Ops {
             }
         }
         self.check_wipe_labels(&facts.address, &facts.wipe).await?;
+        if options.already_left {
+            self.refuse_if_node_is_member(&options.node, &facts.address, &view)
+                .await?;
+        }
+        facts.identity = Some(TargetIdentity {
+            node_id: self.node_id_of(&facts.address).await,
+        });
         let steps = facts
             .steps()
             .into_iter()
             .map(|s| PlannedStep::new(Step::Retire(s), s.describe(&facts)))
             .collect();
+        let mut notes: Vec<String> = wipe_note.into_iter().collect();
+        let remaining = view.voters().count().saturating_sub(1);
+        if facts.member.is_some() && remaining > 0 && remaining % 2 == 0 {
+            notes.push(format!(
+                "{remaining} voters remain, an even count: they survive no more failures than {} would",
+                remaining - 1
+            ));
+        }
         Ok(Plan::new(
             OpSpec::Retire(options.clone()),
             steps,
-            wipe_note.into_iter().collect(),
+            notes,
             Facts::Retire(facts),
             &view.basis(),
         ))
@@ -305,6 +354,7 @@ impl Ops {
                 facts.snapshot = Some(path);
                 Ok(Outcome::done(detail))
             }
+            RetireStep::Check => self.fresh_check(facts).await,
             RetireStep::Forfeit => {
                 let id = facts.member()?.member_id;
                 let status = target.etcd_status().await?;
@@ -334,21 +384,19 @@ impl Ops {
                 }
             }
             RetireStep::Leave => {
-                target.etcd_leave_cluster().await?;
+                self.verify_before_leave(facts, "leave").await?;
+                let detail = self.leave(facts).await?;
                 self.leave_answered = Some(Instant::now());
-                Ok(Outcome::done("the member left etcd"))
+                Ok(Outcome::done(detail))
             }
             RetireStep::Reset => {
-                target.reset(reset_request(&facts.wipe)).await?;
-                let detail = match self.leave_answered.take() {
-                    Some(answered) => {
-                        let gap = answered.elapsed().as_secs_f64() * 1000.0;
-                        facts.leave_to_reset_gap_ms = Some(gap);
-                        format!("reset accepted {gap:.1} ms after the leave's answer")
-                    }
-                    None => "reset accepted".to_string(),
-                };
-                Ok(Outcome::done(detail))
+                let answered = self.leave_answered.take();
+                if answered.is_none()
+                    && let Checked::Evidence(detail) = self.reset_checked(facts, "reset").await?
+                {
+                    return Ok(Outcome::done(detail));
+                }
+                self.send_reset(facts, answered).await
             }
             RetireStep::Confirm => self.confirm_gone(facts.member()?.member_id).await,
             RetireStep::WaitSilent => {
@@ -372,18 +420,165 @@ impl Ops {
                 Ok((!members.iter().any(|m| m.id == id))
                     .then(|| Outcome::done("reconciled: the member is already gone")))
             }
-            RetireStep::Reset => {
-                let answers = self
-                    .client
-                    .node(facts.address.as_str())
-                    .version()
-                    .await
-                    .is_ok();
-                Ok((!answers).then(|| Outcome::done("reconciled: the node no longer answers")))
-            }
+            // The reset step itself checks a reset that does not follow
+            // its leave at once.
+            RetireStep::Reset => Ok(None),
             // Forfeit checks who leads; the rest is read-only.
             _ => Ok(None),
         }
+    }
+
+    /// The fresh check right before the forfeit and the leave.
+    pub(super) async fn fresh_check(&self, facts: &mut RetireFacts) -> Result<Outcome, OpsError> {
+        let planned = facts.member()?.clone();
+        let view = ClusterView::read_within(&self.client, FRESH_CHECK_TIMEOUT).await?;
+        let Some(member) = view.find_id_member(planned.member_id) else {
+            return Err(OpsError::step(
+                "check",
+                format!(
+                    "{} (member {}) is no longer an etcd member",
+                    planned.hostname, planned.member_id
+                ),
+            ));
+        };
+        check_removal(&view, member.id, &member.hostname)
+            .map_err(|e| OpsError::step("check", e))?;
+        if let Some(lag) = raft_lag(&view, member.id) {
+            return Err(OpsError::step("check", lag));
+        }
+        self.verify_before_leave(facts, "check").await?;
+        facts.leads = Some(view.leader() == Some(member.id));
+        let remaining = view.voters().count() - 1;
+        Ok(Outcome::done(format!(
+            "{} healthy voters remain after {}{}; {} is still the planned machine",
+            remaining,
+            planned.hostname,
+            if remaining % 2 == 0 {
+                format!(
+                    " (an even count: it survives no more failures than {})",
+                    remaining.saturating_sub(1)
+                )
+            } else {
+                String::new()
+            },
+            facts.address
+        )))
+    }
+
+    /// EtcdLeaveCluster with a deadline past Talos's own retry window; an
+    /// answer that says nothing (a deadline, a dropped connection) is
+    /// settled by asking a survivor whether the member is gone.
+    async fn leave(&self, facts: &RetireFacts) -> Result<String, OpsError> {
+        let id = facts.member()?.member_id;
+        let target = self
+            .client
+            .with_call_timeout(LEAVE_DEADLINE)
+            .node(facts.address.as_str());
+        let error = match target.etcd_leave_cluster().await {
+            Ok(_) => return Ok("the member left etcd".into()),
+            Err(e) if ambiguous(&e) => e,
+            Err(e) => return Err(e.into()),
+        };
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            match self.still_listed(facts, id).await {
+                Ok(false) => {
+                    return Ok(format!(
+                        "the member left etcd (the leave answered {error}; a survivor no longer lists member {id})"
+                    ));
+                }
+                Ok(true) if Instant::now() > deadline => {
+                    return Err(OpsError::step(
+                        "leave",
+                        format!("the leave answered {error} and member {id} is still listed"),
+                    ));
+                }
+                Err(e) if Instant::now() > deadline => {
+                    return Err(OpsError::attention(
+                        "leave",
+                        format!(
+                            "the leave answered {error} and no survivor says whether member {id} is gone: {e}"
+                        ),
+                    ));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    }
+
+    /// Sends the reset, again with backoff while it is refused, until it is
+    /// accepted or the node shows it was reset.
+    async fn send_reset(
+        &self,
+        facts: &mut RetireFacts,
+        leave_answered: Option<Instant>,
+    ) -> Result<Outcome, OpsError> {
+        let target = self.client.node(facts.address.as_str());
+        let deadline = Instant::now() + RESET_TIMEOUT;
+        let mut pause = Duration::from_millis(100);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let error = match target.reset(reset_request(&facts.wipe)).await {
+                Ok(_) => break,
+                Err(e) => e,
+            };
+            if let Checked::Evidence(detail) = self.reset_checked(facts, "reset").await? {
+                return Ok(Outcome::done(format!(
+                    "{detail} (the reset answered {error})"
+                )));
+            }
+            if Instant::now() + pause > deadline {
+                return Err(OpsError::attention(
+                    "reset",
+                    format!(
+                        "{} left etcd but refused the reset {attempts} times in {} s: {error}",
+                        facts.address,
+                        RESET_TIMEOUT.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+        let retried = if attempts > 1 {
+            format!(" (attempt {attempts})")
+        } else {
+            String::new()
+        };
+        let detail = match leave_answered {
+            Some(answered) => {
+                let gap = answered.elapsed().as_secs_f64() * 1000.0;
+                facts.leave_to_reset_gap_ms = Some(gap);
+                format!("reset accepted {gap:.1} ms after the leave's answer{retried}")
+            }
+            None => format!("reset accepted{retried}"),
+        };
+        Ok(Outcome::done(detail))
+    }
+
+    /// `--already-left`: the node itself is asked whether it runs a member
+    /// the cluster lists, as plain `reset`'s quorum guard asks it (names and
+    /// URLs alone miss a multi-homed node named by another address).
+    async fn refuse_if_node_is_member(
+        &self,
+        node: &str,
+        address: &str,
+        view: &ClusterView,
+    ) -> Result<(), OpsError> {
+        if let super::identity::Answer::Cluster {
+            member_id: Some(id),
+            ..
+        } = self.answer_of(address).await
+            && view.find_id(id)
+        {
+            return Err(Refusal::StillMember {
+                node: node.to_string(),
+                member_id: id.to_string(),
+            }
+            .into());
+        }
+        Ok(())
     }
 
     async fn confirm_gone(&self, id: MemberId) -> Result<Outcome, OpsError> {
@@ -432,6 +627,52 @@ impl Ops {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// How long each survivor may take to answer the fresh check.
+const FRESH_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The client's deadline for the leave: past the 5 minutes Talos retries
+/// removing the member itself (internal/pkg/etcd's LeaveCluster).
+const LEAVE_DEADLINE: Duration = Duration::from_secs(330);
+
+/// How long an ambiguous leave is settled by asking survivors.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a refused reset is sent again.
+const RESET_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Raft entries a voter may trail the most advanced one by.
+const MAX_RAFT_LAG: u64 = 1000;
+
+/// A voter other than `leaving` that trails the most advanced voter's raft
+/// index by more than [`MAX_RAFT_LAG`], in words.
+pub(crate) fn raft_lag(view: &ClusterView, leaving: MemberId) -> Option<String> {
+    let indexes: Vec<(&str, u64)> = view
+        .statuses
+        .iter()
+        .filter(|(m, _)| m.id != leaving && !m.is_learner)
+        .filter_map(|(m, s)| s.as_ref().ok().map(|s| (m.hostname.as_str(), s.raft_index)))
+        .collect();
+    let top = indexes.iter().map(|(_, i)| *i).max()?;
+    indexes
+        .iter()
+        .find(|(_, i)| top - i > MAX_RAFT_LAG)
+        .map(|(name, i)| {
+            format!(
+                "{name} trails the most advanced voter by {} raft entries (more than {MAX_RAFT_LAG}): it may not keep quorum without the leaving member",
+                top - i
+            )
+        })
+}
+
+/// Whether an error of a call leaves open whether the call took effect.
+fn ambiguous(e: &crate::Error) -> bool {
+    use crate::Error as E;
+    matches!(
+        e,
+        E::DeadlineExceeded(_) | E::Unavailable(_) | E::Cancelled(_) | E::Connect(_)
+    ) || matches!(e, E::Status { code, .. } if *code == tonic::Code::Unknown)
 }
 
 /// The reset of a node that has left etcd: at once, not graceful (it has

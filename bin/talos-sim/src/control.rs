@@ -38,6 +38,16 @@ pub enum Request {
         /// Bytes sent before the fault.
         after_bytes: u64,
     },
+    /// Freeze the node's etcd (SIGSTOP): its API answers, its etcd hangs.
+    FreezeEtcd {
+        /// The node's name or address.
+        node: String,
+    },
+    /// Thaw an etcd frozen by [`Request::FreezeEtcd`].
+    ThawEtcd {
+        /// The node's name or address.
+        node: String,
+    },
 }
 
 /// The simulator's answer to one [`Request`].
@@ -120,11 +130,33 @@ async fn carry_out(shared: &std::sync::Arc<Shared>, request: Request) -> Reply {
                 message: format!("no node {node:?}"),
             },
         },
+        Request::FreezeEtcd { node } => freeze(shared, &node, true).await,
+        Request::ThawEtcd { node } => freeze(shared, &node, false).await,
         Request::Fill { count, value_size } => {
             match shared.fill("/talos-sim/fill/", count, value_size).await {
                 Ok(()) => Reply::Filled,
                 Err(e) => failed(e),
             }
+        }
+    }
+}
+
+async fn freeze(shared: &std::sync::Arc<Shared>, node: &str, frozen: bool) -> Reply {
+    let Some(n) = shared.find(node) else {
+        return Reply::Error {
+            message: format!("no node {node:?}"),
+        };
+    };
+    let done = if frozen {
+        n.freeze_etcd().await
+    } else {
+        n.thaw_etcd().await
+    };
+    if done {
+        Reply::Armed
+    } else {
+        Reply::Error {
+            message: format!("{node}: etcd does not run"),
         }
     }
 }

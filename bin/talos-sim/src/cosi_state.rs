@@ -118,6 +118,14 @@ pub(crate) const TYPES: &[TypeDef] = &[
         sensitive: false,
     },
     TypeDef {
+        resource_type: t::IDENTITY,
+        display: "Identity",
+        namespace: t::CLUSTER_NAMESPACE,
+        aliases: &[],
+        columns: &[("ID", "{.nodeId}")],
+        sensitive: false,
+    },
+    TypeDef {
         resource_type: t::ADDRESS_STATUS,
         display: "AddressStatus",
         namespace: t::NETWORK_NAMESPACE,
@@ -424,7 +432,7 @@ fn member_item(node: &Node) -> Item {
         "worker"
     };
     let os = format!("Talos ({})", crate::SIMULATED_TALOS_VERSION);
-    let node_id = format!("sim-{}", node.name);
+    let node_id = node.node_id().unwrap_or_default();
     let mut y = serde_json::json!({"nodeId": node_id, "addresses": [node.ip.to_string()], "hostname": node.name, "machineType": machine_type, "operatingSystem": os});
     let mut spec = defs::ClusterMemberSpec {
         node_id,
@@ -556,6 +564,15 @@ pub(crate) async fn snapshot(shared: &Arc<Shared>, node: &Arc<Node>) -> Vec<Item
     }
     if let Some(persisted) = node.persisted_config() {
         items.push(machine_config("persistent", &persisted));
+    }
+    if let Some(node_id) = node.node_id() {
+        items.push(item(
+            t::CLUSTER_NAMESPACE,
+            t::IDENTITY,
+            "local",
+            yaml(&serde_json::json!({"nodeId": node_id})),
+            defs::IdentitySpec { node_id }.encode_to_vec(),
+        ));
     }
     let etcd = etcd_state(node).await;
     items.extend(runtime_items(node, etcd));

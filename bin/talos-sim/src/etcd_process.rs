@@ -224,6 +224,19 @@ impl EtcdProcess {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Freezes (SIGSTOP) or thaws (SIGCONT) the process: a frozen etcd
+    /// keeps its sockets open and answers nothing, as a member on a stalled
+    /// disk or a hung host does.
+    pub fn set_frozen(&self, frozen: bool) {
+        if let Some(pid) = self.child.id() {
+            let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: sending a signal to our own child process.
+            unsafe {
+                libc::kill(pid as libc::pid_t, signal);
+            }
+        }
+    }
+
     /// Stops etcd with SIGTERM, then SIGKILL after five seconds.
     pub async fn stop(mut self) {
         if let Some(pid) = self.child.id() {

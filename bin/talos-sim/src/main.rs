@@ -25,6 +25,15 @@ struct Cli {
     command: Command,
 }
 
+/// A fault `talos-sim fault` injects.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Fault {
+    /// Stop the node's etcd process (SIGSTOP).
+    FreezeEtcd,
+    /// Let it run again (SIGCONT).
+    ThawEtcd,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Start a cluster and run until SIGINT or SIGTERM.
@@ -49,6 +58,18 @@ enum Command {
         /// Bytes per value (etcd accepts up to about 1.5 MiB).
         #[arg(long, default_value_t = 1024)]
         value_size: usize,
+    },
+    /// Freeze (SIGSTOP) or thaw the etcd of NODE in the cluster running in
+    /// DIR: the node's API keeps answering while its etcd hangs, as on a
+    /// stalled disk.
+    Fault {
+        /// The directory `talos-sim up` runs in.
+        dir: PathBuf,
+        /// What to do.
+        #[arg(value_enum)]
+        fault: Fault,
+        /// The node's name (`cp-2`) or address.
+        node: String,
     },
     /// Write an example Talos PKI and talosconfig into DIR.
     GenCerts {
@@ -120,6 +141,16 @@ async fn main() -> std::process::ExitCode {
             .await
             .map(|_| println!("wrote {count} keys of {value_size} bytes"))
             .map_err(Into::into),
+        Command::Fault { dir, fault, node } => {
+            let request = match fault {
+                Fault::FreezeEtcd => Request::FreezeEtcd { node: node.clone() },
+                Fault::ThawEtcd => Request::ThawEtcd { node: node.clone() },
+            };
+            control::send(&dir, &request)
+                .await
+                .map(|_| println!("{node}: {fault:?} done"))
+                .map_err(Into::into)
+        }
         Command::GenCerts { dir } => gen_certs(&dir),
     };
     match result {

@@ -395,6 +395,56 @@ impl Node {
         }
     }
 
+    /// Freezes this node's etcd (SIGSTOP): its API keeps answering, its
+    /// member stays listed, and every etcd call to it hangs, as on a
+    /// stalled disk. False when etcd does not run.
+    pub async fn freeze_etcd(&self) -> bool {
+        let mut slot = self.etcd.lock().await;
+        let Some(process) = slot.as_mut() else {
+            return false;
+        };
+        if !process.is_running() {
+            return false;
+        }
+        process.set_frozen(true);
+        true
+    }
+
+    /// Thaws an etcd frozen by [`Node::freeze_etcd`].
+    pub async fn thaw_etcd(&self) -> bool {
+        let mut slot = self.etcd.lock().await;
+        let Some(process) = slot.as_mut() else {
+            return false;
+        };
+        if !process.is_running() {
+            return false;
+        }
+        process.set_frozen(false);
+        true
+    }
+
+    /// The node's identity (`Identities.cluster.talos.dev`, id `local`):
+    /// a random id kept on STATE, so it survives reboots and changes when
+    /// STATE is wiped, as upstream's NodeIdentityController
+    /// (internal/app/machined/pkg/controllers/cluster/node_identity.go)
+    /// keeps it. `None` until the node has a configuration (STATE is not
+    /// in use in maintenance mode).
+    pub fn node_id(&self) -> Option<String> {
+        if !self.is_configured() {
+            return None;
+        }
+        let path = self.volume("STATE").join("node-identity.yaml");
+        if let Ok(text) = std::fs::read_to_string(&path)
+            && let Some(id) = text.strip_prefix("nodeId: ")
+        {
+            return Some(id.trim().to_string());
+        }
+        let id = new_node_id();
+        std::fs::create_dir_all(self.volume("STATE")).ok()?;
+        std::fs::write(&path, format!("nodeId: {id}\n")).ok()?;
+        Some(id)
+    }
+
     /// Makes the next EtcdSnapshot from this node fail to read etcd after
     /// `bytes` bytes, which Talos answers by ending the stream early with
     /// status OK (a truncated snapshot only a content check notices).
@@ -586,4 +636,19 @@ pub(crate) fn record_event(
     });
     let excess = events.len().saturating_sub(20);
     events.drain(..excess);
+}
+
+/// A new node id: 32 random bytes in base62's alphabet (upstream encodes
+/// them with github.com/jxskiss/base62; only the alphabet and the
+/// randomness matter to a client, which compares ids).
+fn new_node_id() -> String {
+    const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let mut bytes = [0u8; 43];
+    // SAFETY: getrandom writes at most `len` bytes into the buffer.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    assert_eq!(n, bytes.len() as isize, "getrandom");
+    bytes
+        .iter()
+        .map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char)
+        .collect()
 }

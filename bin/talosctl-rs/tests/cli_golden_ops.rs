@@ -245,7 +245,8 @@ fn normalise(text: &str, table: bool) -> String {
 
 #[test]
 fn a_float_with_sixteen_fraction_digits_is_a_number_not_a_member_id() {
-    let json = "  \"leave_to_reset_gap_ms\": 2.1234567890123456,\n  \"member_id\": \"0123456789abcdef\"";
+    let json =
+        "  \"leave_to_reset_gap_ms\": 2.1234567890123456,\n  \"member_id\": \"0123456789abcdef\"";
     assert_eq!(
         normalise(json, false),
         "  \"leave_to_reset_gap_ms\": <N>,\n  \"member_id\": \"<MEMBER>\"\n"

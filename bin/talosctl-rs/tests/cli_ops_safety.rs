@@ -1,0 +1,166 @@
+//! A retire on a bad night, on the simulator (real etcd) with injected
+//! faults: the plan going stale before the leave (a survivor's etcd frozen
+//! after the preflight), and a resume that finds another member at the
+//! retired node's address. Each must stop before harm, change nothing
+//! more, and say why.
+
+use std::time::Duration;
+
+use talos_client::config::{Overrides, TalosConfig};
+use talos_client::ops::{Facts, OpSpec, Ops, OpsError, RetireOptions};
+use talos_client::{Client, client::ResetRequest};
+use talos_test_support::sim::wait_for;
+
+mod ops_fixture;
+
+use ops_fixture::{Fixture, newest};
+
+fn open_ops(f: &Fixture) -> Ops {
+    let path = f.talosconfig();
+    let config = TalosConfig::read(&path).unwrap();
+    let context = config.resolve(&Overrides::default(), &path).unwrap();
+    let client = Client::from_context(&context).unwrap();
+    Ops::open(&context, client, f.state.path()).unwrap()
+}
+
+/// Voter names, as node `from` sees them.
+async fn voters(f: &Fixture, from: usize) -> Vec<String> {
+    let mut names: Vec<String> = f
+        .sim
+        .admin()
+        .node(f.sim.ip(from))
+        .etcd_member_list(false)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| !m.is_learner)
+        .map(|m| m.hostname)
+        .collect();
+    names.sort();
+    names
+}
+
+/// A survivor whose etcd froze after the plan was made stops the retire at
+/// the fresh check before the forfeit and the leave: nothing is changed,
+/// and the operation fails (it does not need attention: nothing
+/// irreversible ran).
+#[tokio::test]
+async fn a_survivor_frozen_after_the_plan_stops_the_retire_before_the_leave() {
+    let f = Fixture::start(3).await;
+    let target = f.sim.ip(2);
+    let mut ops = open_ops(&f);
+    let plan = ops
+        .plan(&OpSpec::Retire(RetireOptions::new(target.clone())))
+        .await
+        .unwrap();
+    let Facts::Retire(facts) = &plan.facts else {
+        panic!("retire facts")
+    };
+    let source = facts.source.as_ref().unwrap().address.clone();
+    // The other survivor: neither the target nor the snapshot's source.
+    let frozen = (1..=3)
+        .map(|i| f.sim.ip(i))
+        .find(|ip| *ip != target && *ip != source)
+        .unwrap();
+    let node = f.sim.cluster.node(&frozen).unwrap();
+    assert!(node.freeze_etcd().await, "etcd runs on {frozen}");
+    let result = ops.run(plan, &mut |_| {}).await;
+    assert!(node.thaw_etcd().await);
+    match &result {
+        Err(OpsError::StepFailed { step, reason }) => {
+            assert_eq!(step, "check", "{reason}");
+            assert!(reason.contains(&node.name), "{reason}");
+        }
+        other => panic!("expected the check to fail, got {other:?}"),
+    }
+    let record = newest(&f).await;
+    assert_eq!(record["state"], "failed", "{record}");
+    let states: Vec<_> = record["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap(), s["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states[..4],
+        [
+            ("snapshot", "done"),
+            ("check", "failed"),
+            ("forfeit", "pending"),
+            ("leave", "pending")
+        ],
+        "{record}"
+    );
+    assert_eq!(voters(&f, 1).await, ["cp-1", "cp-2", "cp-3"]);
+    f.sim.admin().node(target.as_str()).version().await.unwrap();
+}
+
+/// The process dies right after the leave answered, before the reset was
+/// sent; meanwhile the node is reset without STATE wiped and rejoins at the
+/// same address as a new voter under its old name. `ops resume` must not
+/// reset that live voter: it stops as needs-attention naming the member,
+/// and the cluster keeps three voters.
+#[tokio::test]
+async fn resume_does_not_reset_a_live_member_back_at_the_address() {
+    let f = Fixture::start(3).await;
+    let target = f.sim.ip(2);
+    let crashed = f
+        .ops_with(
+            &f.talosconfig(),
+            &["--yes", "retire", &target],
+            Some("answered:leave"),
+        )
+        .await;
+    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
+    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let admin = f.sim.admin();
+    let old = admin
+        .node(f.sim.ip(1))
+        .etcd_member_list(false)
+        .await
+        .unwrap();
+    assert!(
+        !old.iter().any(|m| m.hostname == "cp-2"),
+        "the leave went through: {old:?}"
+    );
+    // The node comes back at its address as a new member.
+    admin
+        .node(target.as_str())
+        .reset(ResetRequest {
+            graceful: false,
+            reboot: true,
+            system_labels_to_wipe: vec!["EPHEMERAL".into()],
+            ..ResetRequest::default()
+        })
+        .await
+        .expect("reset accepted");
+    let rejoined = wait_for(
+        "cp-2 to rejoin as a voter",
+        Duration::from_secs(120),
+        || async {
+            let members = admin.node(f.sim.ip(1)).etcd_member_list(false).await.ok()?;
+            let cp2 = members.iter().find(|m| m.hostname == "cp-2")?;
+            (members.len() == 3 && !cp2.is_learner).then(|| cp2.id)
+        },
+    )
+    .await;
+
+    let resumed = f.ops(&["resume", &id]).await;
+    assert_ne!(resumed.code, 0, "{}", resumed.stdout);
+    assert!(
+        resumed.stderr.contains("needs attention")
+            && resumed.stderr.contains(&rejoined.to_string()),
+        "{}",
+        resumed.stderr
+    );
+    let shown = f.ops(&["show", &id]).await.ok().json();
+    assert_eq!(shown["state"], "needs-attention", "{shown}");
+    // The live voter was not reset.
+    assert_eq!(voters(&f, 1).await, ["cp-1", "cp-2", "cp-3"]);
+    let status = admin.node(target.as_str()).etcd_status().await.unwrap();
+    assert_eq!(status.member_id, rejoined);
+    // And the cluster stays blocked until a person decides.
+    let blocked = f.ops(&["--yes", "snapshot"]).await;
+    assert_ne!(blocked.code, 0);
+    assert!(blocked.stderr.contains(&id), "{}", blocked.stderr);
+}

@@ -210,6 +210,9 @@ impl Ops {
                     None,
                     observe,
                 )?;
+                // Recorded once its call has answered: its start is the
+                // time of that answer, within the unit's milliseconds.
+                self.journal.step_started(&id, index)?;
             }
             // A destructive next step is journaled as started in the same
             // commit, so nothing slow sits between the two. A park or

@@ -197,6 +197,15 @@ impl Ops {
             // written with it.
             if result.is_ok() && typed_step.bound_to_next() && index + 1 < steps.len() {
                 self.stop.enter_destructive();
+                // Reported now (progress only; the journal follows).
+                observe(Event::StepEnded {
+                    index,
+                    name,
+                    node,
+                    state: ended.state,
+                    duration_ms: ended.duration_ms,
+                    detail: &ended.detail,
+                });
                 deferred = Some((index, ended));
                 continue;
             }
@@ -208,7 +217,7 @@ impl Ops {
                     &end,
                     &facts_value,
                     None,
-                    observe,
+                    None,
                 )?;
                 // Recorded once its call has answered: its start is the
                 // time of that answer, within the unit's milliseconds.
@@ -225,7 +234,7 @@ impl Ops {
                 .filter(|_| step.destructive || !self.stop.is_stopping())
                 .filter(|_| self.stop.enter_destructive())
                 .map(|_| index + 1);
-            self.end_step(&id, index, step, &ended, &facts_value, next, observe)?;
+            self.end_step(&id, index, step, &ended, &facts_value, next, Some(observe))?;
             started_with_previous = next.is_some();
             if let Err(error) = result {
                 let attention = past_no_return || matches!(error, OpsError::NeedsAttention { .. });
@@ -247,7 +256,7 @@ impl Ops {
     }
 
     /// Journals the end of step `index` (and the start of `next` in the same
-    /// commit) and reports it.
+    /// commit) and reports it to `observe`, if given.
     #[allow(clippy::too_many_arguments)]
     fn end_step(
         &mut self,
@@ -257,7 +266,7 @@ impl Ops {
         ended: &StepEnded,
         facts: &serde_json::Value,
         next: Option<usize>,
-        observe: &mut (dyn FnMut(Event<'_>) + Send),
+        observe: Option<&mut (dyn FnMut(Event<'_>) + Send)>,
     ) -> Result<(), OpsError> {
         let end = StepEnd {
             state: ended.state,
@@ -265,6 +274,9 @@ impl Ops {
             detail: Some(&ended.detail),
         };
         self.journal.step_ended(id, index, end, facts, next)?;
+        let Some(observe) = observe else {
+            return Ok(());
+        };
         observe(Event::StepEnded {
             index,
             name: &step.name,

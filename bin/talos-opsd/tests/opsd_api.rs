@@ -86,6 +86,7 @@ async fn a_retire_through_the_api_is_watched_step_by_step() {
     }
     let names = [
         "snapshot",
+        "check",
         "forfeit",
         "leave",
         "reset",
@@ -567,6 +568,7 @@ async fn a_start_is_refused_when_the_cluster_no_longer_matches_its_plan() {
         names,
         [
             "snapshot",
+            "check",
             "forfeit",
             "leave",
             "reset",

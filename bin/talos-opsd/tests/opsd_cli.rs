@@ -48,6 +48,7 @@ async fn the_cli_runs_operations_through_the_daemon() {
         names,
         [
             "snapshot",
+            "check",
             "forfeit",
             "leave",
             "reset",
@@ -55,7 +56,7 @@ async fn the_cli_runs_operations_through_the_daemon() {
             "wait-silent"
         ]
     );
-    assert!(run.stderr.contains("[3] leave done"), "{}", run.stderr);
+    assert!(run.stderr.contains("[4] leave done"), "{}", run.stderr);
     assert!(record["facts"]["leave_to_reset_gap_ms"].as_f64().unwrap() > 0.0);
     let id = record["id"].as_str().unwrap().to_string();
     // Journaled by the daemon: the daemon's audit names the request.
@@ -73,7 +74,7 @@ async fn the_cli_runs_operations_through_the_daemon() {
     // watch replays the ended operation; list and show come from the daemon.
     let watched = ops(&tc, &d.socket, &["watch", &id]).await.ok();
     assert!(
-        watched.stderr.contains("[6] wait-silent done"),
+        watched.stderr.contains("[7] wait-silent done"),
         "{}",
         watched.stderr
     );

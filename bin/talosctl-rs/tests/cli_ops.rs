@@ -72,6 +72,7 @@ async fn retire_of_the_leader_forfeits_leaves_resets_and_reports_the_gap() {
         names,
         [
             "snapshot",
+            "check",
             "forfeit",
             "leave",
             "reset",
@@ -79,9 +80,9 @@ async fn retire_of_the_leader_forfeits_leaves_resets_and_reports_the_gap() {
             "wait-silent"
         ]
     );
-    assert_eq!(steps[1].1, "done", "the leader forfeited: {record}");
+    assert_eq!(steps[2].1, "done", "the leader forfeited: {record}");
     assert!(record["facts"]["leave_to_reset_gap_ms"].as_f64().unwrap() > 0.0);
-    assert!(run.stderr.contains("[3] leave done"), "{}", run.stderr);
+    assert!(run.stderr.contains("[4] leave done"), "{}", run.stderr);
     // The snapshot is verified (its sidecar exists) and holds the data.
     let snapshot = PathBuf::from(record["facts"]["snapshot"].as_str().unwrap());
     let report = talos_client::snapshot::verify_file(&snapshot).unwrap();

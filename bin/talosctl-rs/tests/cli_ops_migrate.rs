@@ -129,6 +129,7 @@ async fn migrate(nodes: usize) {
             "wait-voter",
             "check-retire",
             "snapshot",
+            "check",
             "forfeit",
             "leave",
             "reset",

@@ -49,8 +49,19 @@ impl ClusterView {
 
     /// As [`ClusterView::read`], each call bounded by `timeout`.
     pub async fn read_within(client: &Client, timeout: Duration) -> Result<ClusterView, Error> {
+        Self::read_via(client, timeout, &[]).await
+    }
+
+    /// As [`ClusterView::read_within`]; when the endpoint's member list does
+    /// not answer (a cluster-wide list can wait on a member whose etcd
+    /// hangs), each node of `hosts` is asked for its own list in turn.
+    pub async fn read_via(
+        client: &Client,
+        timeout: Duration,
+        hosts: &[String],
+    ) -> Result<ClusterView, Error> {
         let client = &client.with_call_timeout(timeout);
-        let mut members = client.etcd_member_list(false).await?;
+        let mut members = member_list_any(client, hosts).await?;
         members.sort_by_key(|m| m.id);
         let mut statuses = Vec::new();
         let mut disagreements = Vec::new();
@@ -153,6 +164,24 @@ impl ClusterView {
             m.hostname == node || m.hostname == host || member_address(m).as_deref() == Some(host)
         })
     }
+}
+
+/// The member list through the endpoint, else as the first of `hosts` to
+/// answer sees it (its own list); the endpoint's error when none answers.
+pub(crate) async fn member_list_any(
+    client: &Client,
+    hosts: &[String],
+) -> Result<Vec<EtcdMember>, Error> {
+    let first = match client.etcd_member_list(false).await {
+        Ok(members) => return Ok(members),
+        Err(e) => e,
+    };
+    for host in hosts {
+        if let Ok(members) = client.node(host.as_str()).etcd_member_list(true).await {
+            return Ok(members);
+        }
+    }
+    Err(first)
 }
 
 /// `node` without a trailing `:port` (and without IPv6 brackets).

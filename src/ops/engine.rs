@@ -182,6 +182,10 @@ impl Ops {
                 self.execute(&spec, typed_step, &mut facts).await
             };
             observe(Event::StepAnswered { index, name, node });
+            if let Err(OpsError::StoppedWaiting { cancel }) = result {
+                let facts_value = serde_json::to_value(&facts).unwrap_or_default();
+                return Err(self.stopped_waiting(&id, index, step, cancel, &facts_value)?);
+            }
             let duration_ms = started.elapsed().as_millis() as u64;
             let facts_value = serde_json::to_value(&facts).unwrap_or_default();
             let (state, detail) = match &result {
@@ -286,6 +290,36 @@ impl Ops {
             detail: &ended.detail,
         });
         Ok(())
+    }
+
+    /// A wait stopped between two polls: a park leaves the step in flight
+    /// (resume waits again); a cancel (accepted only before any destructive
+    /// step) ends the step and the operation as cancelled.
+    fn stopped_waiting(
+        &mut self,
+        id: &str,
+        index: usize,
+        step: &StepRecord,
+        cancel: bool,
+        facts: &serde_json::Value,
+    ) -> Result<OpsError, OpsError> {
+        if !cancel {
+            return Ok(OpsError::Parked {
+                id: id.into(),
+                step: step.label(),
+            });
+        }
+        let end = StepEnd {
+            state: StepState::Failed,
+            duration_ms: 0,
+            detail: Some("cancelled while waiting; nothing was changed"),
+        };
+        self.journal.step_ended(id, index, end, facts, None)?;
+        self.journal.set_state(id, OpState::Cancelled)?;
+        Ok(OpsError::Cancelled {
+            id: id.into(),
+            step: step.label(),
+        })
     }
 
     /// At a step boundary: ends the run as cancelled or parked when asked.

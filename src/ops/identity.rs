@@ -205,7 +205,7 @@ impl Ops {
             && source.address != facts.address
             && let Ok(members) = client
                 .node(source.address.as_str())
-                .etcd_member_list(false)
+                .etcd_member_list(true)
                 .await
         {
             return Ok(members);

@@ -380,6 +380,7 @@ impl Ops {
             if started.elapsed() > facts.timeout {
                 return Err(OpsError::step("wait-voter", format!("timed out: {last}")));
             }
+            OpsError::poll_stop(&self.stop)?;
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }

@@ -145,6 +145,22 @@ pub enum OpsError {
         /// What it found.
         reason: String,
     },
+    /// A wait was stopped by a park (`cancel` false) or a cancel; the
+    /// engine ends the run as [`OpsError::Parked`] or
+    /// [`OpsError::Cancelled`].
+    #[error("stopped while waiting")]
+    StoppedWaiting {
+        /// A cancel, not a park.
+        cancel: bool,
+    },
+    /// A snapshot source sent nothing for the stall bound.
+    #[error("the snapshot from {node} stalled: no bytes for {seconds} s")]
+    SnapshotStalled {
+        /// The source.
+        node: String,
+        /// The bound.
+        seconds: u64,
+    },
     /// A step needs a fact its operation's record does not hold.
     #[error("the operation's facts lack {0:?}, which this step needs: abandon the operation")]
     MissingFact(String),
@@ -242,6 +258,15 @@ impl OpsError {
         OpsError::NeedsAttention {
             step: step.to_string(),
             reason: reason.to_string(),
+        }
+    }
+
+    /// Between two polls of a wait: stops it when a park or cancel was
+    /// asked.
+    fn poll_stop(stop: &StopHandle) -> Result<(), OpsError> {
+        match stop.at_boundary() {
+            Some(cancel) => Err(OpsError::StoppedWaiting { cancel }),
+            None => Ok(()),
         }
     }
 
@@ -344,6 +369,8 @@ pub struct Ops {
     snapshot_keep: usize,
     /// When the leave of a retire was answered (for the gap to the reset).
     leave_answered: Option<Instant>,
+    /// How long a snapshot stream may send nothing.
+    snapshot_stall: std::time::Duration,
     /// Park or cancel requests from outside, checked at step boundaries.
     stop: StopHandle,
 }
@@ -371,6 +398,7 @@ impl Ops {
             snapshot_dir: state_dir.join("snapshots"),
             snapshot_keep: 0,
             leave_answered: None,
+            snapshot_stall: Ops::DEFAULT_SNAPSHOT_STALL,
             stop: StopHandle::new(),
         })
     }
@@ -380,6 +408,25 @@ impl Ops {
     pub fn set_snapshot_defaults(&mut self, dir: PathBuf, keep: usize) {
         self.snapshot_dir = dir;
         self.snapshot_keep = keep;
+    }
+
+    /// How long a snapshot stream may send nothing before it fails (and
+    /// the operation tries once more from another healthy voter).
+    pub const DEFAULT_SNAPSHOT_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// Sets how long a snapshot stream may send nothing (default
+    /// [`Ops::DEFAULT_SNAPSHOT_STALL`]).
+    pub fn set_snapshot_stall(&mut self, stall: std::time::Duration) {
+        self.snapshot_stall = stall;
+    }
+
+    /// The hosts of the talosconfig's endpoints.
+    fn endpoint_hosts(&self) -> Vec<String> {
+        self.endpoints
+            .iter()
+            .filter_map(|e| crate::config::normalize_endpoint(e).ok())
+            .map(|e| e.host)
+            .collect()
     }
 
     fn snapshot_dir(&self, dir: Option<&PathBuf>) -> PathBuf {
@@ -420,6 +467,7 @@ impl Ops {
     /// awaits `resume` or `abandon`, and plans `spec` from a fresh read of
     /// the cluster. The plan holds the lock until it is run or dropped.
     pub async fn plan(&self, spec: &OpSpec) -> Result<Plan, OpsError> {
+        spec.check_bounds()?;
         let id = new_id();
         let lock = self.lock(&id)?;
         self.refuse_if_interrupted()?;

@@ -280,6 +280,18 @@ pub enum Refusal {
         /// The node's located volumes.
         volumes: Vec<String>,
     },
+    /// A duration option lies outside its documented bounds.
+    #[error("{option} of {value:?} is outside {min:?}..={max:?}")]
+    OutOfBounds {
+        /// The option (`timeout`, `silence_timeout`, ...).
+        option: String,
+        /// The value given.
+        value: std::time::Duration,
+        /// The least it may be.
+        min: std::time::Duration,
+        /// The most it may be.
+        max: std::time::Duration,
+    },
     /// The node's volumes could not be read, so its wipe labels cannot be
     /// checked.
     #[error("cannot read {node}'s volumes to check the labels to wipe: {error}")]

@@ -348,9 +348,13 @@ impl Ops {
         let target = self.client.node(facts.address.as_str());
         match step {
             RetireStep::Snapshot => {
-                let source = facts.source()?.address.clone();
-                let path = self.take_snapshot(&source, &facts.snapshot_dir).await?;
-                let detail = format!("{} (from {source})", path.display());
+                let first = facts.source()?.clone();
+                let exclude = facts.member()?.member_id;
+                let (path, source, note) = self
+                    .take_snapshot_retrying(&first, Some(exclude), &facts.snapshot_dir)
+                    .await?;
+                let detail = format!("{} (from {}){note}", path.display(), source.address);
+                facts.source = Some(source);
                 facts.snapshot = Some(path);
                 Ok(Outcome::done(detail))
             }
@@ -431,7 +435,12 @@ impl Ops {
     /// The fresh check right before the forfeit and the leave.
     pub(super) async fn fresh_check(&self, facts: &mut RetireFacts) -> Result<Outcome, OpsError> {
         let planned = facts.member()?.clone();
-        let view = ClusterView::read_within(&self.client, FRESH_CHECK_TIMEOUT).await?;
+        let hosts: Vec<String> = self
+            .endpoint_hosts()
+            .into_iter()
+            .filter(|h| *h != facts.address)
+            .collect();
+        let view = ClusterView::read_via(&self.client, FRESH_CHECK_TIMEOUT, &hosts).await?;
         let Some(member) = view.find_id_member(planned.member_id) else {
             return Err(OpsError::step(
                 "check",
@@ -603,6 +612,7 @@ impl Ops {
             if Instant::now() > deadline {
                 return Err(OpsError::step("confirm", last));
             }
+            OpsError::poll_stop(&self.stop)?;
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
@@ -624,6 +634,7 @@ impl Ops {
                     format!("{address} still answers after {} s", timeout.as_secs()),
                 ));
             }
+            OpsError::poll_stop(&self.stop)?;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

@@ -3,13 +3,20 @@
 //! with the cluster, time and revision, then retention.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt as _};
 
 use serde::{Deserialize, Serialize};
 
-use super::cluster::ClusterView;
+use super::cluster::{ClusterView, VOTER_CALL_TIMEOUT, member_address, member_list_any};
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
 use super::policy::{Source, pick_source};
 use super::{OpSpec, Ops, OpsError, Outcome};
+use crate::client::{ByteStream, MemberId};
 
 /// Options of a snapshot ([`OpSpec::Snapshot`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,10 +131,11 @@ impl Ops {
     ) -> Result<Outcome, OpsError> {
         match step {
             SnapshotStep::Snapshot => {
-                let path = self
-                    .take_snapshot(&facts.source.address, &facts.dir)
+                let (path, source, note) = self
+                    .take_snapshot_retrying(&facts.source, None, &facts.dir)
                     .await?;
-                let detail = format!("{} (from {})", path.display(), facts.source.address);
+                let detail = format!("{} (from {}){note}", path.display(), source.address);
+                facts.source = source;
                 facts.snapshot = Some(path);
                 Ok(Outcome::done(detail))
             }
@@ -158,8 +166,25 @@ impl Ops {
         let stamp = format!("{}Z", super::compact_utc(now, true));
         let base = format!("{}-{stamp}", safe_name(&self.context));
         let taking = dir.join(format!("{base}{EXT}"));
-        let stream = self.client.node(address).etcd_snapshot().await?;
-        let saved = crate::snapshot::save(stream).to(&taking).await?;
+        let stall = self.snapshot_stall;
+        let stalled = || OpsError::SnapshotStalled {
+            node: address.to_string(),
+            seconds: stall.as_secs(),
+        };
+        let stream = tokio::time::timeout(stall, self.client.node(address).etcd_snapshot())
+            .await
+            .map_err(|_| stalled())??;
+        let node = stream.node().to_string();
+        let flag = Arc::new(AtomicBool::new(false));
+        let guarded = stall_guard(stream, stall, flag.clone());
+        let saved = match crate::snapshot::Save::from_chunks(guarded, node)
+            .to(&taking)
+            .await
+        {
+            Ok(saved) => saved,
+            Err(_) if flag.load(Ordering::Relaxed) => return Err(stalled()),
+            Err(e) => return Err(e.into()),
+        };
         let path = dir.join(format!("{base}-rev{}{EXT}", saved.report.status.revision));
         let sidecar = PathBuf::from(format!("{}.json", path.display()));
         let io = |source| OpsError::Io {
@@ -171,6 +196,90 @@ impl Ops {
         crate::files::sync_parent(&path).map_err(io)?;
         Ok(path)
     }
+}
+
+impl Ops {
+    /// A verified snapshot from `first`; when its stream stalls, once more
+    /// from another healthy voter (never `exclude`, the member leaving).
+    /// Returns the path, the source used, and a note of the retry.
+    pub(super) async fn take_snapshot_retrying(
+        &self,
+        first: &Source,
+        exclude: Option<MemberId>,
+        dir: &Path,
+    ) -> Result<(PathBuf, Source, String), OpsError> {
+        let stalled = match self.take_snapshot(&first.address, dir).await {
+            Ok(path) => return Ok((path, first.clone(), String::new())),
+            Err(e @ OpsError::SnapshotStalled { .. }) => e,
+            Err(e) => return Err(e),
+        };
+        let Some(source) = self.other_source(&first.address, exclude).await else {
+            return Err(stalled);
+        };
+        let path = self.take_snapshot(&source.address, dir).await?;
+        let note = format!("; {stalled}, taken from {} instead", source.name);
+        Ok((path, source, note))
+    }
+}
+
+impl Ops {
+    /// A healthy voter other than the one at `avoid` (whose etcd may hang)
+    /// and `exclude`: the member list is asked of the endpoint, then of
+    /// each endpoint's node in turn, each call bounded.
+    async fn other_source(&self, avoid: &str, exclude: Option<MemberId>) -> Option<Source> {
+        let client = self.client.with_call_timeout(VOTER_CALL_TIMEOUT);
+        let hosts: Vec<String> = self
+            .endpoint_hosts()
+            .into_iter()
+            .filter(|h| h != avoid)
+            .collect();
+        let members = member_list_any(&client, &hosts).await.ok()?;
+        for member in members {
+            let Some(address) = member_address(&member) else {
+                continue;
+            };
+            if member.is_learner || Some(member.id) == exclude || address == avoid {
+                continue;
+            }
+            let status = client.node(address.as_str()).etcd_status().await;
+            if matches!(status, Ok(s) if s.errors.is_empty()) {
+                return Some(Source {
+                    name: member.hostname,
+                    address,
+                });
+            }
+        }
+        None
+    }
+}
+
+/// `stream` with every chunk (the first included) due within `idle`: a
+/// source that stops sending ends the stream with an error, and `stalled`
+/// is set.
+fn stall_guard(
+    stream: ByteStream,
+    idle: Duration,
+    stalled: Arc<AtomicBool>,
+) -> impl Stream<Item = Result<Bytes, crate::Error>> + Unpin + Send {
+    let node = stream.node().to_string();
+    Box::pin(futures::stream::unfold(Some(stream), move |state| {
+        let (node, stalled) = (node.clone(), stalled.clone());
+        async move {
+            let mut stream = state?;
+            match tokio::time::timeout(idle, stream.next()).await {
+                Ok(Some(item)) => Some((item, Some(stream))),
+                Ok(None) => None,
+                Err(_) => {
+                    stalled.store(true, Ordering::Relaxed);
+                    let failure = crate::client::Failure {
+                        node: Some(node),
+                        message: format!("no snapshot bytes for {} s", idle.as_secs()),
+                    };
+                    Some((Err(crate::Error::DeadlineExceeded(failure)), None))
+                }
+            }
+        }
+    }))
 }
 
 fn safe_name(context: &str) -> String {

@@ -5,6 +5,8 @@
 //! operations layer fills in its configured default, such as the snapshot
 //! directory).
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 pub use super::apply::ApplyOptions;
@@ -86,6 +88,71 @@ impl OpSpec {
             OpSpec::Join(o) => o.maintenance.is_some(),
             OpSpec::Retire(_) | OpSpec::Migrate(_) | OpSpec::Apply(_) => true,
         }
+    }
+}
+
+/// The bounds of every duration option: a wait that cannot end (a timeout
+/// of 4294967295 s) or a trial that rolls back before anything is checked
+/// is refused when planned, before anything changes.
+pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
+    (
+        "timeout",
+        Duration::from_secs(1),
+        Duration::from_secs(24 * 3600),
+    ),
+    (
+        "join_timeout",
+        Duration::from_secs(1),
+        Duration::from_secs(24 * 3600),
+    ),
+    (
+        "silence_timeout",
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+    ),
+    (
+        "try_timeout",
+        Duration::from_secs(5),
+        Duration::from_secs(3600),
+    ),
+    (
+        "reboot_timeout",
+        Duration::from_secs(10),
+        Duration::from_secs(4 * 3600),
+    ),
+];
+
+impl OpSpec {
+    /// Refuses a duration option outside [`DURATION_BOUNDS`].
+    pub fn check_bounds(&self) -> Result<(), super::Refusal> {
+        let durations: Vec<(&str, Duration)> = match self {
+            OpSpec::Snapshot(_) => Vec::new(),
+            OpSpec::Retire(o) => vec![("silence_timeout", o.silence_timeout)],
+            OpSpec::Join(o) => vec![("timeout", o.timeout)],
+            OpSpec::Migrate(o) => vec![
+                ("join_timeout", o.join_timeout),
+                ("silence_timeout", o.silence_timeout),
+            ],
+            OpSpec::Apply(o) => vec![
+                ("try_timeout", o.try_timeout),
+                ("reboot_timeout", o.reboot_timeout),
+            ],
+        };
+        for (option, value) in durations {
+            if let Some((option, min, max)) = DURATION_BOUNDS
+                .iter()
+                .find(|(name, _, _)| *name == option)
+                .filter(|(_, min, max)| value < *min || value > *max)
+            {
+                return Err(super::Refusal::OutOfBounds {
+                    option: option.to_string(),
+                    value,
+                    min: *min,
+                    max: *max,
+                });
+            }
+        }
+        Ok(())
     }
 }
 

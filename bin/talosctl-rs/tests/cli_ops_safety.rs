@@ -164,3 +164,96 @@ async fn resume_does_not_reset_a_live_member_back_at_the_address() {
     assert_ne!(blocked.code, 0);
     assert!(blocked.stderr.contains(&id), "{}", blocked.stderr);
 }
+
+/// A wait honours a cancel between its polls: a join waiting for a node
+/// that never comes ends cancelled within a poll, not at its timeout.
+#[tokio::test]
+async fn a_waiting_join_ends_at_a_cancel() {
+    let f = Fixture::start(3).await;
+    let mut ops = open_ops(&f);
+    let stop = talos_client::ops::StopHandle::new();
+    ops.set_stop(stop.clone());
+    let mut options = talos_client::ops::JoinOptions::new("cp-9");
+    options.timeout = Duration::from_secs(3600);
+    let plan = ops.plan(&OpSpec::Join(options)).await.unwrap();
+    let (waiting_tx, waiting_rx) = tokio::sync::oneshot::channel();
+    let mut waiting_tx = Some(waiting_tx);
+    let run = tokio::spawn(async move {
+        ops.run(plan, &mut move |event| {
+            if let talos_client::ops::Event::StepStarted { name, .. } = event
+                && name == "wait-voter"
+                && let Some(tx) = waiting_tx.take()
+            {
+                let _ = tx.send(());
+            }
+        })
+        .await
+    });
+    waiting_rx.await.unwrap();
+    stop.cancel().unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the wait ends at the cancel")
+        .unwrap();
+    assert!(
+        matches!(result, Err(OpsError::Cancelled { ref step, .. }) if step == "wait-voter"),
+        "{result:?}"
+    );
+    assert_eq!(newest(&f).await["state"], "cancelled");
+}
+
+/// A wait that could not end is refused when planned, naming the option.
+#[tokio::test]
+async fn an_absurd_timeout_is_refused_at_plan_time() {
+    let f = Fixture::start(1).await;
+    let mut options = talos_client::ops::JoinOptions::new("cp-9");
+    options.timeout = Duration::from_secs(4_294_967_295);
+    let refused = open_ops(&f).plan(&OpSpec::Join(options)).await;
+    match refused {
+        Err(OpsError::Refused(talos_client::ops::Refusal::OutOfBounds { option, .. })) => {
+            assert_eq!(option, "timeout")
+        }
+        other => panic!("expected OutOfBounds, got {other:?}"),
+    }
+    let run = f
+        .ops(&["--yes", "join", "cp-9", "--timeout", "100000h"])
+        .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stderr.contains("timeout"), "{}", run.stderr);
+}
+
+/// A snapshot source that stops sending (its etcd frozen: the stream
+/// stays open and stalls at zero bytes) fails after the stall bound, and
+/// the snapshot is taken once more from another healthy voter.
+#[tokio::test]
+async fn a_stalled_snapshot_source_is_left_for_another_voter() {
+    let f = Fixture::start(3).await;
+    let mut ops = open_ops(&f);
+    ops.set_snapshot_stall(Duration::from_secs(3));
+    let plan = ops
+        .plan(&OpSpec::Snapshot(
+            talos_client::ops::SnapshotOptions::default(),
+        ))
+        .await
+        .unwrap();
+    let Facts::Snapshot(facts) = &plan.facts else {
+        panic!("snapshot facts")
+    };
+    let source = facts.source.address.clone();
+    let node = f.sim.cluster.node(&source).unwrap();
+    assert!(node.freeze_etcd().await);
+    let result = ops.run(plan, &mut |_| {}).await;
+    assert!(node.thaw_etcd().await);
+    let record = result.unwrap();
+    let detail = record.steps[0].detail.clone().unwrap();
+    assert!(
+        detail.contains("stalled") && detail.contains("instead"),
+        "{detail}"
+    );
+    assert!(!detail.contains(&format!("(from {source})")), "{detail}");
+    let Facts::Snapshot(after) = record.typed_facts().unwrap() else {
+        panic!("snapshot facts")
+    };
+    let saved = after.snapshot.unwrap();
+    talos_client::snapshot::verify_file(&saved).unwrap();
+}

@@ -21,6 +21,9 @@ pub fn hint(error: &OpsError) -> Option<String> {
             ));
         }
         OpsError::LaterFormat { .. } => "pass another --state-dir, or use the newer talosctl-rs",
+        OpsError::NeedsAttention { .. } => {
+            "look at the node and the cluster, then `talosctl-rs ops resume ID` or `talosctl-rs ops abandon ID` (`ops list` shows the id)"
+        }
         _ => return None,
     };
     Some(text.to_string())
@@ -68,6 +71,9 @@ fn refusal_hint(refusal: &Refusal) -> Option<&'static str> {
         }
         Refusal::MembershipUnknown { .. } => "pass --force to reset anyway",
         Refusal::PlanChanged { .. } => "run the command again to see the new plan",
+        Refusal::OutOfBounds { .. } => {
+            "give the timeout within the bounds (e.g. --timeout 10m, --try-timeout 2m)"
+        }
         _ => return None,
     })
 }

@@ -20,6 +20,8 @@ use crate::client::{ApplyMode, ApplyRequest};
 const ROLLBACK_GRACE: Duration = Duration::from_secs(30);
 /// How often the gate and the waits look again.
 const POLL: Duration = Duration::from_millis(250);
+/// The fewest passes in a row that make a gate pass, whatever the soak.
+const MIN_PASSES: u32 = 3;
 
 /// What every apply step needs: the file read again (checked against its
 /// planned hash) and the options.
@@ -39,6 +41,12 @@ impl<'a> Params<'a> {
     /// Time kept free at the end of the try window for the confirmation.
     fn confirm_margin(&self) -> Duration {
         (self.options.try_timeout / 5).clamp(Duration::from_secs(1), Duration::from_secs(15))
+    }
+
+    /// How long the gate must hold, pass after pass, before it counts: a
+    /// third of the try window.
+    fn soak(&self) -> Duration {
+        self.options.try_timeout / 3
     }
 }
 
@@ -174,18 +182,57 @@ impl Ops {
             *super::plan::need(&facts.try_deadline_ms.get(node).copied(), "try_deadline_ms")?;
         let gate_end = deadline.saturating_sub(params.confirm_margin().as_millis() as u64);
         let vips = facts.vips.get(node).map(Vec::as_slice).unwrap_or_default();
+        // From here on the gate's end is on the monotonic clock: a wall
+        // clock stepped during the window moves nothing.
+        let gate_until = Instant::now() + left(gate_end);
+        let soak = params.soak();
+        let tried = Documents::parse(&params.config)
+            .map_err(|e| OpsError::step(&step_name("gate", node), e))?;
         let mut attempts = 0;
+        // The first pass of the current run of passes, and how many.
+        let mut streak: Option<(Instant, u32)> = None;
+        let mut failure;
         let reason = loop {
             attempts += 1;
-            let failure = match self.gate_once(node, params, vips, left(gate_end)).await {
-                Ok(summary) => {
-                    return Ok(Outcome::done(format!(
-                        "passed (attempt {attempts}): {summary}"
-                    )));
-                }
-                Err(reason) => reason,
+            let started = Instant::now();
+            let budget = gate_until.saturating_duration_since(started);
+            let pass = match tokio::time::timeout(
+                budget,
+                self.gate_once(node, params, &tried, vips, budget),
+            )
+            .await
+            {
+                Ok(Ok(summary)) if Instant::now() <= gate_until => Ok(summary),
+                Ok(Ok(_)) => Err("a pass ended after the gate's end".to_string()),
+                Ok(Err(reason)) => Err(reason),
+                Err(_) => Err(format!(
+                    "a pass did not end within the {:.1} s left",
+                    budget.as_secs_f64()
+                )),
             };
-            if left(gate_end) <= POLL {
+            match pass {
+                Ok(summary) => {
+                    let (since, passes) = streak.get_or_insert((started, 0));
+                    *passes += 1;
+                    let held = since.elapsed();
+                    if *passes >= MIN_PASSES && held >= soak {
+                        return Ok(Outcome::done(format!(
+                            "passed {passes} times in a row over {:.1} s (attempt {attempts}): {summary}",
+                            held.as_secs_f64()
+                        )));
+                    }
+                    failure = format!(
+                        "it held {passes} passes over {:.1} s, not the {:.1} s soak",
+                        held.as_secs_f64(),
+                        soak.as_secs_f64()
+                    );
+                }
+                Err(reason) => {
+                    streak = None;
+                    failure = reason;
+                }
+            }
+            if gate_until.saturating_duration_since(Instant::now()) <= POLL {
                 break failure;
             }
             tokio::time::sleep(POLL).await;
@@ -211,6 +258,7 @@ impl Ops {
         &self,
         node: &str,
         params: &Params<'_>,
+        tried: &Documents,
         vips: &[String],
         budget: Duration,
     ) -> Result<String, String> {
@@ -219,6 +267,21 @@ impl Ops {
             .version()
             .await
             .map_err(|e| format!("{node} does not answer: {e}"))?;
+        // A node that rebooted (or rolled back) inside the window runs its
+        // previous configuration: a pass on that would confirm a file that
+        // was never tried.
+        let running = read_config(&self.client, node, ConfigId::Active)
+            .await
+            .map_err(|e| format!("{node}'s running configuration cannot be read: {e}"))?;
+        let running = Documents::parse(&running)
+            .map_err(|e| format!("{node}'s running configuration does not parse: {e}"))?;
+        let drift = running.changed_paths(tried);
+        if !drift.is_empty() {
+            return Err(format!(
+                "{node} no longer runs the tried file (it rebooted or rolled back): {}",
+                drift.join(", ")
+            ));
+        }
         let view = ClusterView::read(&self.client)
             .await
             .map_err(|e| format!("the etcd members cannot be read: {e}"))?;
@@ -391,13 +454,15 @@ impl Ops {
     ) -> Result<Outcome, OpsError> {
         let since = *super::plan::need(&facts.reboot_sent_ms.get(node).copied(), "reboot_sent_ms")?;
         let vips = facts.vips.get(node).map(Vec::as_slice).unwrap_or_default();
+        let applied = Documents::parse(&params.config)
+            .map_err(|e| OpsError::step(&step_name("wait-back", node), e))?;
         let started = Instant::now();
         let until = started + params.options.reboot_timeout;
         let mut last = String::from("not answering yet");
         while Instant::now() < until {
             match self.booted_since(node, since).await {
                 Ok(true) => match self
-                    .gate_once(node, params, vips, until - Instant::now())
+                    .gate_once(node, params, &applied, vips, until - Instant::now())
                     .await
                 {
                     Ok(summary) if self.persisted(node, params).await.unwrap_or(false) => {

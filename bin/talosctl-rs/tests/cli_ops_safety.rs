@@ -257,3 +257,67 @@ async fn a_stalled_snapshot_source_is_left_for_another_voter() {
     let saved = after.snapshot.unwrap();
     talos_client::snapshot::verify_file(&saved).unwrap();
 }
+
+/// A node that reboots inside the try window comes back running its
+/// previous configuration: the gate must not pass on that (it checks, pass
+/// after pass, that the node still runs the tried file, and a pass counts
+/// only when the gate holds over its soak), so the untried file is never
+/// confirmed.
+#[tokio::test]
+async fn a_node_rebooted_inside_the_try_window_fails_the_gate() {
+    let f = Fixture::start(3).await;
+    let node = f.sim.ip(2);
+    let config = std::fs::read_to_string(f.sim.dir.path().join("controlplane.yaml"))
+        .unwrap()
+        .replace("certSANs: []", "certSANs: [rebooted.example]");
+    let file = f.state.path().join("sans.yaml");
+    std::fs::write(&file, &config).unwrap();
+    let mut options = talos_client::ops::ApplyOptions::new(vec![node.clone()], file);
+    options.expect_change = vec!["machine.certSANs".into()];
+    options.try_timeout = Duration::from_secs(30);
+    options.vip_check = false;
+    let mut ops = open_ops(&f);
+    let plan = ops.plan(&OpSpec::Apply(options)).await.unwrap();
+    let admin = f.sim.admin();
+    let (tried_tx, tried_rx) = tokio::sync::oneshot::channel();
+    let mut tried_tx = Some(tried_tx);
+    let run = tokio::spawn(async move {
+        ops.run(plan, &mut move |event| {
+            if let talos_client::ops::Event::StepEnded { name, .. } = event
+                && name == "try"
+                && let Some(tx) = tried_tx.take()
+            {
+                let _ = tx.send(());
+            }
+        })
+        .await
+    });
+    tried_rx.await.unwrap();
+    admin
+        .node(node.as_str())
+        .reboot(talos_client::client::RebootMode::Default)
+        .await
+        .unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .unwrap()
+        .unwrap();
+    match &result {
+        Err(OpsError::StepFailed { step, reason }) => {
+            assert!(step.starts_with("gate"), "{step}: {reason}");
+            assert!(reason.contains("tried file"), "{reason}");
+        }
+        other => panic!("expected the gate to fail, got {other:?}"),
+    }
+    // The file was never made permanent.
+    let saved = wait_for("the node back", Duration::from_secs(60), || async {
+        admin
+            .node(node.as_str())
+            .resources()
+            .machine_config(talos_client::client::resources::ConfigId::Persistent)
+            .await
+            .ok()
+    })
+    .await;
+    assert!(!saved.yaml.contains("rebooted.example"), "{}", saved.yaml);
+}

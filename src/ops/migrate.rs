@@ -200,6 +200,7 @@ impl Ops {
                 hostname: old.hostname.clone(),
             }),
             leads: None,
+            dead: false,
             identity: Some(super::TargetIdentity { node_id }),
             source: None,
             wipe,

@@ -98,6 +98,8 @@ pub enum RetireStep {
     Forfeit,
     /// EtcdLeaveCluster on the node.
     Leave,
+    /// The node is dead: remove its member by id through a survivor.
+    Remove,
     /// Reset the node at once.
     Reset,
     /// A survivor no longer lists it; the rest are healthy.
@@ -113,6 +115,7 @@ impl StepInfo for RetireStep {
             RetireStep::Check => "check",
             RetireStep::Forfeit => "forfeit",
             RetireStep::Leave => "leave",
+            RetireStep::Remove => "remove",
             RetireStep::Reset => "reset",
             RetireStep::Confirm => "confirm",
             RetireStep::WaitSilent => "wait-silent",
@@ -122,7 +125,7 @@ impl StepInfo for RetireStep {
     fn destructive(&self) -> bool {
         matches!(
             self,
-            RetireStep::Forfeit | RetireStep::Leave | RetireStep::Reset
+            RetireStep::Forfeit | RetireStep::Leave | RetireStep::Remove | RetireStep::Reset
         )
     }
 
@@ -132,7 +135,10 @@ impl StepInfo for RetireStep {
     }
 
     fn point_of_no_return(&self) -> bool {
-        matches!(self, RetireStep::Leave | RetireStep::Reset)
+        matches!(
+            self,
+            RetireStep::Leave | RetireStep::Remove | RetireStep::Reset
+        )
     }
 }
 
@@ -155,6 +161,10 @@ pub struct RetireFacts {
     pub member: Option<PlannedMember>,
     /// Whether it led at plan time (`None`: not known yet).
     pub leads: Option<bool>,
+    /// The node did not answer at plan time: its member is removed through
+    /// a survivor, and nothing is sent to it.
+    #[serde(default)]
+    pub dead: bool,
     /// Who the node is, as it said at plan time (`None`: a journal of an
     /// earlier version, or a node that did not answer).
     #[serde(default)]
@@ -179,7 +189,9 @@ impl RetireFacts {
     /// the reset of a node that already left.
     pub(crate) fn steps(&self) -> Vec<RetireStep> {
         use RetireStep::*;
-        if self.member.is_some() {
+        if self.member.is_some() && self.dead {
+            vec![Snapshot, Check, Remove, Confirm]
+        } else if self.member.is_some() {
             vec![Snapshot, Check, Forfeit, Leave, Reset, Confirm, WaitSilent]
         } else {
             vec![Reset, WaitSilent]
@@ -216,8 +228,13 @@ impl RetireStep {
                 ),
             },
             RetireStep::Check => format!(
-                "read the cluster again: survivors answer within {} s, quorum holds without {name}, {address} is still the planned machine and member",
-                FRESH_CHECK_TIMEOUT.as_secs()
+                "read the cluster again: survivors answer within {} s, quorum holds without {name}, {address} {}",
+                FRESH_CHECK_TIMEOUT.as_secs(),
+                if f.dead {
+                    "still does not answer"
+                } else {
+                    "is still the planned machine and member"
+                }
             ),
             RetireStep::Forfeit => match f.leads {
                 Some(true) => {
@@ -227,6 +244,12 @@ impl RetireStep {
                 None => format!("if {name} leads, hand leadership over and wait for a new leader"),
             },
             RetireStep::Leave => format!("EtcdLeaveCluster on {name} ({address})"),
+            RetireStep::Remove => format!(
+                "{address} does not answer: remove member {} ({name}) through a surviving voter",
+                f.member
+                    .as_ref()
+                    .map_or("?".to_string(), |m| m.member_id.to_string())
+            ),
             RetireStep::Reset => format!(
                 "reset {address} at once: wipe {}, no reboot, not graceful",
                 f.wipe.join(", ")
@@ -259,6 +282,7 @@ impl Ops {
             address,
             member: None,
             leads: None,
+            dead: false,
             identity: None,
             source: None,
             wipe,
@@ -286,6 +310,7 @@ impl Ops {
             Some(m) => {
                 check_removal(&view, m.id, &m.hostname)?;
                 facts.source = Some(pick_source(&view, Some(m.id))?);
+                facts.dead = !view.healthy(m.id) && !self.answers(&facts.address).await;
                 facts.leads = Some(view.leader() == Some(m.id));
                 facts.member = Some(PlannedMember {
                     member_id: m.id,
@@ -293,7 +318,9 @@ impl Ops {
                 });
             }
         }
-        self.check_wipe_labels(&facts.address, &facts.wipe).await?;
+        if !facts.dead {
+            self.check_wipe_labels(&facts.address, &facts.wipe).await?;
+        }
         if options.already_left {
             self.refuse_if_node_is_member(&options.node, &facts.address, &view)
                 .await?;
@@ -308,6 +335,12 @@ impl Ops {
             .collect();
         let mut notes: Vec<String> = wipe_note.into_iter().collect();
         let remaining = view.voters().count().saturating_sub(1);
+        if facts.dead {
+            notes.push(format!(
+                "{} does not answer: its member is removed through a survivor and nothing is sent to it; wipe the machine before it is used again (if it answers again, `retire {} --already-left` resets it once its identity is checked)",
+                facts.address, options.node
+            ));
+        }
         if facts.member.is_some() && remaining > 0 && remaining % 2 == 0 {
             notes.push(format!(
                 "{remaining} voters remain, an even count: they survive no more failures than {} would",
@@ -359,6 +392,24 @@ impl Ops {
                 Ok(Outcome::done(detail))
             }
             RetireStep::Check => self.fresh_check(facts).await,
+            RetireStep::Remove => {
+                let id = facts.member()?.member_id;
+                if self.answers(&facts.address).await {
+                    return Err(OpsError::step(
+                        "remove",
+                        format!("{} answers again: plan the retire again", facts.address),
+                    ));
+                }
+                let survivor = facts.source()?.address.clone();
+                self.client
+                    .node(survivor.as_str())
+                    .etcd_remove_member_by_id(id)
+                    .await?;
+                Ok(Outcome::done(format!(
+                    "member {id} removed through {survivor}; wipe {} before it is used again",
+                    facts.address
+                )))
+            }
             RetireStep::Forfeit => {
                 let id = facts.member()?.member_id;
                 let status = target.etcd_status().await?;
@@ -455,11 +506,28 @@ impl Ops {
         if let Some(lag) = raft_lag(&view, member.id) {
             return Err(OpsError::step("check", lag));
         }
-        self.verify_before_leave(facts, "check").await?;
+        if facts.dead {
+            if self.answers(&facts.address).await {
+                return Err(OpsError::step(
+                    "check",
+                    format!(
+                        "{} answers again: it was planned as dead; plan the retire again",
+                        facts.address
+                    ),
+                ));
+            }
+        } else {
+            self.verify_before_leave(facts, "check").await?;
+        }
         facts.leads = Some(view.leader() == Some(member.id));
         let remaining = view.voters().count() - 1;
+        let node = if facts.dead {
+            "still does not answer"
+        } else {
+            "is still the planned machine"
+        };
         Ok(Outcome::done(format!(
-            "{} healthy voters remain after {}{}; {} is still the planned machine",
+            "{} healthy voters remain after {}{}; {} {node}",
             remaining,
             planned.hostname,
             if remaining % 2 == 0 {
@@ -472,6 +540,16 @@ impl Ops {
             },
             facts.address
         )))
+    }
+
+    /// Whether the node's API answers at all (bounded).
+    async fn answers(&self, address: &str) -> bool {
+        self.client
+            .with_call_timeout(Duration::from_secs(5))
+            .node(address)
+            .version()
+            .await
+            .is_ok()
     }
 
     /// EtcdLeaveCluster with a deadline past Talos's own retry window; an

@@ -348,7 +348,7 @@ async fn a_cancel_before_any_destructive_step_changes_nothing() {
         panic!("{events:?}")
     };
     assert_eq!(end.state, "cancelled", "{end:?}");
-    assert!(end.error.contains("before step \"forfeit\""), "{end:?}");
+    assert!(end.error.contains("before step \"check\""), "{end:?}");
     assert!(
         !events
             .iter()

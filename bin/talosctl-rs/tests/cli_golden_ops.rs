@@ -224,6 +224,7 @@ fn normalise(text: &str, table: bool) -> String {
         (r"<IP>:\d+", "<IP>:<PORT>"),
         (r"\bcp-\d+\b", "cp-<N>"),
         (r"attempt \d+", "attempt <N>"),
+        (r"passed \d+ times", "passed <N> times"),
     ];
     let mut out = String::new();
     for line in text.lines() {

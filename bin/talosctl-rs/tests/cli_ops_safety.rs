@@ -321,3 +321,34 @@ async fn a_node_rebooted_inside_the_try_window_fails_the_gate() {
     .await;
     assert!(!saved.yaml.contains("rebooted.example"), "{}", saved.yaml);
 }
+
+/// A dead node (powered off, still a voting member) is retired by removing
+/// its member through a survivor after the quorum checks; nothing is sent
+/// to it, and the plan says to wipe the machine before reuse.
+#[tokio::test]
+async fn a_dead_node_is_removed_through_a_survivor() {
+    let f = Fixture::start(3).await;
+    let dead = f.sim.ip(3);
+    f.sim.cluster.power_off(&dead).await.unwrap();
+    let plan = f.ops(&["--plan", "retire", &dead]).await.ok();
+    assert!(
+        plan.stderr.contains("does not answer") && plan.stderr.contains("wipe the machine"),
+        "{}",
+        plan.stderr
+    );
+    let run = f.ops(&["--yes", "retire", &dead]).await.ok();
+    let record = run.json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    let names: Vec<_> = record["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["snapshot", "check", "remove", "confirm"],
+        "{record}"
+    );
+    assert_eq!(voters(&f, 1).await, ["cp-1", "cp-2"]);
+}

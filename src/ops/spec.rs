@@ -112,7 +112,7 @@ pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
     ),
     (
         "try_timeout",
-        Duration::from_secs(5),
+        Duration::from_secs(1),
         Duration::from_secs(3600),
     ),
     (

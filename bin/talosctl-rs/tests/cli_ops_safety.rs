@@ -352,3 +352,53 @@ async fn a_dead_node_is_removed_through_a_survivor() {
     );
     assert_eq!(voters(&f, 1).await, ["cp-1", "cp-2"]);
 }
+
+/// A leave that failed on record but took effect (the member is gone) is
+/// reconciled on resume like one in flight: asked of a survivor, found
+/// done, and the reset follows. Sent again blindly, a leave to a node that
+/// already left never succeeds.
+#[tokio::test]
+async fn a_failed_leave_that_took_effect_is_reconciled_on_resume() {
+    let f = Fixture::start(3).await;
+    let target = f.sim.ip(2);
+    let crashed = f
+        .ops_with(
+            &f.talosconfig(),
+            &["--yes", "retire", &target],
+            Some("answered:leave"),
+        )
+        .await;
+    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
+    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    // What a failed leave leaves on record: the step failed, the operation
+    // failed.
+    {
+        let db = rusqlite::Connection::open(f.state.path().join("journal.sqlite")).unwrap();
+        let changed = db
+            .execute(
+                "UPDATE steps SET state = 'failed', detail = 'deadline exceeded' WHERE op_id = ?1 AND name = 'leave'",
+                [&id],
+            )
+            .unwrap();
+        assert_eq!(changed, 1);
+        db.execute(
+            "UPDATE operations SET state = 'failed' WHERE id = ?1",
+            [&id],
+        )
+        .unwrap();
+    }
+    let resumed = f.ops(&["resume", &id]).await.ok().json();
+    assert_eq!(resumed["state"], "succeeded", "{resumed}");
+    let leave = resumed["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "leave")
+        .unwrap();
+    assert!(
+        leave["detail"].as_str().unwrap().contains("reconciled"),
+        "{leave}"
+    );
+    assert_eq!(voters(&f, 1).await, ["cp-1", "cp-3"]);
+    assert!(f.sim.admin().node(target.as_str()).version().await.is_err());
+}

@@ -53,7 +53,7 @@ pub struct BackupRequest {
     /// Where the encrypted spool lives while the snapshot is checked
     /// (default: the system's temporary directory).
     pub spool_dir: Option<PathBuf>,
-    /// The object key; by default `CLUSTER/YYYYMMDDTHHMMSSZ-NODE.db.zst`
+    /// The object key; by default `CLUSTER/YYYYMMDDTHHMMSS.mmmZ-NODE.db.zst`
     /// (plus `.age` when encrypted).
     pub key: Option<String>,
     /// The node's Talos version, for the sidecar.
@@ -90,14 +90,17 @@ impl BackupRequest {
                 })
                 .collect()
         };
+        // To the millisecond: two backups of one node within a second
+        // must not share a key (the second would replace the first).
         let stamp = format!(
-            "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+            "{:04}{:02}{:02}T{:02}{:02}{:02}.{:03}Z",
             time.year(),
             u8::from(time.month()),
             time.day(),
             time.hour(),
             time.minute(),
-            time.second()
+            time.second(),
+            time.millisecond()
         );
         let age = if self.recipients.is_empty() {
             ""

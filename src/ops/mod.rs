@@ -44,6 +44,7 @@ mod join;
 mod journal;
 mod lock;
 mod migrate;
+mod offhost;
 pub(crate) mod plan;
 mod policy;
 mod preflight;
@@ -78,7 +79,7 @@ pub use policy::Source;
 pub use refusal::Refusal;
 pub use retire::{PlannedMember, RetireFacts, RetireStep};
 pub use sa_validation::MachineRole;
-pub use snapshot::{SnapshotFacts, SnapshotStep};
+pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep};
 pub use spec::{
     ApplyOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpKind, OpSpec, RetireOptions,
     SnapshotOptions,

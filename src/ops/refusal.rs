@@ -280,6 +280,14 @@ pub enum Refusal {
         /// The node's located volumes.
         volumes: Vec<String>,
     },
+    /// An off-host store cannot be used as named.
+    #[error("store {store}: {error}")]
+    BadStore {
+        /// The store as named.
+        store: String,
+        /// Why.
+        error: String,
+    },
     /// A duration option lies outside its documented bounds.
     #[error("{option} of {value:?} is outside {min:?}..={max:?}")]
     OutOfBounds {

@@ -29,13 +29,29 @@ pub struct SnapshotOptions {
     /// Keep the newest N verified snapshots of this cluster; 0 keeps all
     /// (`None`: the operations layer's retention).
     pub keep: Option<usize>,
+    /// Off-host instead of `dir`: `s3://BUCKET/PREFIX` (feature `backup`),
+    /// compressed with zstd, and with `encrypt` age-encrypted, streamed
+    /// with no plaintext on disk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    /// age recipients (`age1...`) of an off-host snapshot.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub encrypt: Vec<String>,
+    /// `path` (self-hosted servers; the default) or `virtual` addressing
+    /// of an S3 store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub s3_addressing: Option<String>,
 }
 
 impl SnapshotOptions {
     /// Into `dir` (or the default directory), keeping `keep` (or the
     /// default retention).
     pub fn new(dir: Option<PathBuf>, keep: Option<usize>) -> SnapshotOptions {
-        SnapshotOptions { dir, keep }
+        SnapshotOptions {
+            dir,
+            keep,
+            ..SnapshotOptions::default()
+        }
     }
 }
 
@@ -65,19 +81,39 @@ impl StepInfo for SnapshotStep {
 impl SnapshotStep {
     fn describe(self, facts: &SnapshotFacts) -> String {
         match self {
-            SnapshotStep::Snapshot => format!(
-                "verified snapshot from {} ({}) into {}",
-                facts.source.name,
-                facts.source.address,
-                facts.dir.display()
-            ),
+            SnapshotStep::Snapshot => match &facts.off_host {
+                Some(o) => format!(
+                    "verified snapshot from {} ({}), zstd{}, streamed to {}",
+                    facts.source.name,
+                    facts.source.address,
+                    if o.recipients.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " then age for {} recipient(s), no plaintext on disk",
+                            o.recipients.len()
+                        )
+                    },
+                    o.store
+                ),
+                None => format!(
+                    "verified snapshot from {} ({}) into {}",
+                    facts.source.name,
+                    facts.source.address,
+                    facts.dir.display()
+                ),
+            },
             SnapshotStep::Retention => {
                 let keep = if facts.keep == 0 {
                     "keep every snapshot".to_string()
                 } else {
                     format!("keep the newest {} verified snapshots", facts.keep)
                 };
-                format!("{keep} in {}; nothing else is touched", facts.dir.display())
+                let place = facts
+                    .off_host
+                    .as_ref()
+                    .map_or_else(|| facts.dir.display().to_string(), |o| o.store.clone());
+                format!("{keep} in {place}; nothing else is touched")
             }
         }
     }
@@ -95,6 +131,23 @@ pub struct SnapshotFacts {
     pub keep: usize,
     /// The verified snapshot, once taken.
     pub snapshot: Option<PathBuf>,
+    /// Where an off-host snapshot goes, and how.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_host: Option<OffHost>,
+}
+
+/// An off-host snapshot's store, as planned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct OffHost {
+    /// `s3://BUCKET/PREFIX`.
+    pub store: String,
+    /// `path` or `virtual`.
+    pub addressing: String,
+    /// age recipients (public keys).
+    pub recipients: Vec<String>,
+    /// The stored object's key, once stored.
+    pub key: Option<String>,
 }
 
 /// Suffix of our snapshot files; the sidecar adds `.json`.
@@ -105,11 +158,23 @@ impl Ops {
     pub(super) async fn plan_snapshot(&self, options: &SnapshotOptions) -> Result<Plan, OpsError> {
         let view = ClusterView::read(&self.client).await?;
         let source = pick_source(&view, None)?;
+        let off_host = match &options.store {
+            Some(store) => Some(self.plan_off_host(store, options)?),
+            None if !options.encrypt.is_empty() => {
+                return Err(super::Refusal::BadStore {
+                    store: self.snapshot_dir(options.dir.as_ref()).display().to_string(),
+                    error: "age encryption is for an off-host store (s3://BUCKET/PREFIX); a local snapshot is kept plain, mode 0600".into(),
+                }
+                .into());
+            }
+            None => None,
+        };
         let facts = SnapshotFacts {
             source,
             dir: self.snapshot_dir(options.dir.as_ref()),
             keep: options.keep.unwrap_or(self.snapshot_keep),
             snapshot: None,
+            off_host,
         };
         let steps = [SnapshotStep::Snapshot, SnapshotStep::Retention]
             .into_iter()
@@ -130,6 +195,12 @@ impl Ops {
         facts: &mut SnapshotFacts,
     ) -> Result<Outcome, OpsError> {
         match step {
+            SnapshotStep::Snapshot if facts.off_host.is_some() => {
+                self.snapshot_off_host(facts).await
+            }
+            SnapshotStep::Retention if facts.off_host.is_some() => {
+                self.retain_off_host(facts).await
+            }
             SnapshotStep::Snapshot => {
                 let (path, source, note) = self
                     .take_snapshot_retrying(&facts.source, None, &facts.dir)
@@ -256,7 +327,7 @@ impl Ops {
 /// `stream` with every chunk (the first included) due within `idle`: a
 /// source that stops sending ends the stream with an error, and `stalled`
 /// is set.
-fn stall_guard(
+pub(super) fn stall_guard(
     stream: ByteStream,
     idle: Duration,
     stalled: Arc<AtomicBool>,

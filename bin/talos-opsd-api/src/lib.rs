@@ -119,6 +119,11 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
                     "a snapshot directory (the daemon uses its configured one)",
                 ));
             }
+            if o.store.is_some() || !o.encrypt.is_empty() {
+                return Err(ConvertError::LocalOnly(
+                    "an off-host store (the daemon uses its configured one)",
+                ));
+            }
             Kind::Snapshot(proto::SnapshotParams {
                 keep: o.keep.map_or(0, |k| u32::try_from(k).unwrap_or(u32::MAX)),
             })

@@ -73,8 +73,21 @@ pub enum OpsCommand {
     /// A verified snapshot from a healthy voting member, with retention.
     Snapshot {
         /// Where snapshots go (default: STATE_DIR/snapshots).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "to")]
         dir: Option<PathBuf>,
+        /// A directory, or off-host object storage `s3://BUCKET/PREFIX`
+        /// (credentials, region and endpoint from AWS_ACCESS_KEY_ID,
+        /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL).
+        #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
+        to: Option<String>,
+        /// Encrypt an off-host snapshot for this age recipient (`age1...`;
+        /// repeatable): no plaintext anywhere, not even a temporary file.
+        #[arg(long = "encrypt", value_name = "RECIPIENT", requires = "to")]
+        encrypt: Vec<String>,
+        /// How S3 requests address the bucket: `path` (self-hosted servers)
+        /// or `virtual` (AWS).
+        #[arg(long, value_name = "path|virtual", default_value = "path")]
+        s3_addressing: String,
         /// Keep the newest N verified snapshots of this cluster (0: all;
         /// default: all, or the daemon's configured retention).
         #[arg(long)]
@@ -210,8 +223,25 @@ impl OpsCommand {
             }
         };
         Some(match self {
-            OpsCommand::Snapshot { dir, keep } => {
-                OpSpec::Snapshot(SnapshotOptions::new(dir.clone(), *keep))
+            OpsCommand::Snapshot {
+                dir,
+                to,
+                encrypt,
+                s3_addressing,
+                keep,
+            } => {
+                let (dir, store) = match to {
+                    Some(to) if to.starts_with("s3://") => (dir.clone(), Some(to.clone())),
+                    Some(to) => (Some(PathBuf::from(to)), None),
+                    None => (dir.clone(), None),
+                };
+                let mut o = SnapshotOptions::new(dir, *keep);
+                o.encrypt = encrypt.clone();
+                if store.is_some() {
+                    o.store = store;
+                    o.s3_addressing = Some(s3_addressing.clone());
+                }
+                OpSpec::Snapshot(o)
             }
             OpsCommand::Retire {
                 node,

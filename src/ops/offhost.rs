@@ -25,8 +25,9 @@ impl Ops {
         let addressing = options.s3_addressing.as_deref().unwrap_or("path");
         #[cfg(feature = "backup")]
         {
-            let parsed: crate::backup::Addressing =
-                addressing.parse().map_err(|e| bad(format!("{e}")))?;
+            let parsed = addressing
+                .parse::<crate::backup::Addressing>()
+                .map_err(|e| bad(e.to_string()))?;
             crate::backup::open_store(store, parsed).map_err(|e| bad(e.to_string()))?;
             for recipient in &options.encrypt {
                 recipient

@@ -140,7 +140,7 @@ async fn resume_does_not_reset_a_live_member_back_at_the_address() {
         || async {
             let members = admin.node(f.sim.ip(1)).etcd_member_list(false).await.ok()?;
             let cp2 = members.iter().find(|m| m.hostname == "cp-2")?;
-            (members.len() == 3 && !cp2.is_learner).then(|| cp2.id)
+            (members.len() == 3 && !cp2.is_learner).then_some(cp2.id)
         },
     )
     .await;

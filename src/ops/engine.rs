@@ -357,6 +357,7 @@ impl Ops {
                 self.migrate_step(*s, f).await
             }
             (OpSpec::Apply(o), Step::Apply(s), Facts::Apply(f)) => self.apply_step(o, s, f).await,
+            (OpSpec::Drill(o), Step::Drill(_), Facts::Drill(f)) => self.drill_step(o, f).await,
             _ => Err(mismatch(spec, step)),
         }
     }

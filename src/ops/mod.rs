@@ -37,6 +37,7 @@ mod apply_steps;
 mod apply_vip;
 mod cluster;
 mod config_diff;
+mod drill;
 mod engine;
 mod guard;
 mod identity;
@@ -68,6 +69,7 @@ use crate::config::ResolvedContext;
 
 pub use apply::{ApplyFacts, ApplyPhase, ApplyStep};
 pub use config_diff::ConfigParseError;
+pub use drill::{DrillFacts, DrillStep};
 pub use guard::check_plain_reset;
 pub use identity::TargetIdentity;
 pub use join::{JoinFacts, JoinStep, PlannedMaintenance};
@@ -81,8 +83,8 @@ pub use retire::{PlannedMember, RetireFacts, RetireStep};
 pub use sa_validation::MachineRole;
 pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep};
 pub use spec::{
-    ApplyOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpKind, OpSpec, RetireOptions,
-    SnapshotOptions,
+    ApplyOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpKind, OpSpec,
+    RetireOptions, SnapshotOptions,
 };
 pub use stop::{CancelRefused, StopHandle};
 
@@ -478,6 +480,7 @@ impl Ops {
             OpSpec::Join(o) => self.plan_join(o).await?,
             OpSpec::Migrate(o) => self.plan_migrate(o).await?,
             OpSpec::Apply(o) => self.plan_apply(o).await?,
+            OpSpec::Drill(o) => self.plan_drill(o).await?,
         };
         plan.id = id;
         plan.lock = Some(Arc::new(lock));

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use super::apply::{ApplyFacts, ApplyStep};
+use super::drill::{DrillFacts, DrillStep};
 use super::join::{JoinFacts, JoinStep};
 use super::lock::ClusterLock;
 use super::migrate::{MigrateFacts, MigrateStep};
@@ -53,6 +54,8 @@ pub enum Step {
     Migrate(MigrateStep),
     /// A step of an apply.
     Apply(ApplyStep),
+    /// A step of a drill.
+    Drill(DrillStep),
 }
 
 impl Step {
@@ -63,6 +66,7 @@ impl Step {
             Step::Join(s) => s,
             Step::Migrate(s) => s,
             Step::Apply(s) => s,
+            Step::Drill(s) => s,
         }
     }
 
@@ -122,6 +126,8 @@ pub enum Facts {
     Migrate(MigrateFacts),
     /// An apply's.
     Apply(ApplyFacts),
+    /// A drill's.
+    Drill(DrillFacts),
 }
 
 /// A fact that a step needs, or the error naming it.

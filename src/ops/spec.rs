@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use super::apply::ApplyOptions;
+pub use super::drill::DrillOptions;
 pub use super::join::{JoinOptions, MaintenanceApply};
 pub use super::migrate::MigrateOptions;
 pub use super::retire::RetireOptions;
@@ -30,6 +31,8 @@ pub enum OpSpec {
     Migrate(MigrateOptions),
     /// Apply a configuration on trial, gate it on health, then confirm.
     Apply(ApplyOptions),
+    /// Prove a stored backup restores (the cluster is not touched).
+    Drill(DrillOptions),
 }
 
 /// The kinds of operation (an [`OpSpec`] without its options).
@@ -47,6 +50,8 @@ pub enum OpKind {
     Migrate,
     /// Apply a configuration on trial, gate it on health, then confirm.
     Apply,
+    /// Prove a stored backup restores.
+    Drill,
 }
 
 impl OpKind {
@@ -58,6 +63,7 @@ impl OpKind {
             OpKind::Join => "join",
             OpKind::Migrate => "migrate",
             OpKind::Apply => "apply",
+            OpKind::Drill => "drill",
         }
     }
 }
@@ -77,6 +83,7 @@ impl OpSpec {
             OpSpec::Join(_) => OpKind::Join,
             OpSpec::Migrate(_) => OpKind::Migrate,
             OpSpec::Apply(_) => OpKind::Apply,
+            OpSpec::Drill(_) => OpKind::Drill,
         }
     }
 
@@ -84,7 +91,7 @@ impl OpSpec {
     /// before it starts, whatever its plan turns out to be).
     pub fn may_change_cluster(&self) -> bool {
         match self {
-            OpSpec::Snapshot(_) => false,
+            OpSpec::Snapshot(_) | OpSpec::Drill(_) => false,
             OpSpec::Join(o) => o.maintenance.is_some(),
             OpSpec::Retire(_) | OpSpec::Migrate(_) | OpSpec::Apply(_) => true,
         }
@@ -126,7 +133,7 @@ impl OpSpec {
     /// Refuses a duration option outside [`DURATION_BOUNDS`].
     pub fn check_bounds(&self) -> Result<(), super::Refusal> {
         let durations: Vec<(&str, Duration)> = match self {
-            OpSpec::Snapshot(_) => Vec::new(),
+            OpSpec::Snapshot(_) | OpSpec::Drill(_) => Vec::new(),
             OpSpec::Retire(o) => vec![("silence_timeout", o.silence_timeout)],
             OpSpec::Join(o) => vec![("timeout", o.timeout)],
             OpSpec::Migrate(o) => vec![

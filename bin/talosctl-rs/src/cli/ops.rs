@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use talos_client::ops::{
-    ApplyOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpSpec, Ops, RetireOptions,
-    SnapshotOptions,
+    ApplyOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpSpec, Ops,
+    RetireOptions, SnapshotOptions,
 };
 use talos_opsd_api::{PlanView, default_state_dir};
 
@@ -146,6 +146,22 @@ pub enum OpsCommand {
         /// How long to wait for OLD to go silent (default 2m).
         #[arg(long, value_parser = parse_go_duration)]
         timeout: Option<Duration>,
+    },
+    /// Prove that a stored backup restores: fetch, decrypt, verify,
+    /// restore into a throwaway etcd on this host, compare with its
+    /// sidecar. The cluster is not touched.
+    Drill {
+        /// The store: a directory or s3://BUCKET/PREFIX.
+        #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
+        from: String,
+        /// The backup's key (default: the newest of this cluster's).
+        key: Option<String>,
+        /// A file of age identities to decrypt with (repeatable).
+        #[arg(long = "identity", short = 'i', value_name = "FILE")]
+        identity: Vec<PathBuf>,
+        /// How S3 requests address the bucket: `path` or `virtual`.
+        #[arg(long, value_name = "path|virtual", default_value = "path")]
+        s3_addressing: String,
     },
     /// Apply a configuration safely to the nodes given with -n, one at a
     /// time: dry run and guards, TRY, health gate, then confirm (or a
@@ -310,6 +326,21 @@ impl OpsCommand {
                     o.vip_check = *on;
                 }
                 OpSpec::Apply(o)
+            }
+            OpsCommand::Drill {
+                from,
+                key,
+                identity,
+                s3_addressing,
+            } => {
+                let mut o = DrillOptions::new(from);
+                o.key = key.clone();
+                o.identity_files = identity
+                    .iter()
+                    .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone()))
+                    .collect();
+                o.s3_addressing = Some(s3_addressing.clone());
+                OpSpec::Drill(o)
             }
             OpsCommand::List
             | OpsCommand::Show { .. }

@@ -133,6 +133,7 @@ impl ApplyRequest {
 
 /// What the node did with an applied configuration.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ApplyResult {
     /// The mode the node used (AUTO is reported as the mode it chose).
     pub mode: ApplyMode,

@@ -50,6 +50,7 @@ impl<'de> serde::Deserialize<'de> for MemberId {
 
 /// One member of the etcd cluster.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct EtcdMember {
     /// Member id.
     pub id: MemberId,
@@ -77,6 +78,7 @@ impl From<machine::EtcdMember> for EtcdMember {
 
 /// The status of one etcd member, as its node reports it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct EtcdMemberStatus {
     /// This member's id.
     pub member_id: MemberId,
@@ -151,6 +153,7 @@ impl fmt::Display for AlarmType {
 
 /// An alarm raised on one member.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct MemberAlarm {
     /// The member.
     pub member_id: MemberId,

@@ -43,6 +43,7 @@ fn state_stub(transport: super::Transport) -> StateClient<super::Transport> {
 
 /// A resource's metadata.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+#[non_exhaustive]
 pub struct ResourceMetadata {
     /// Namespace, e.g. `config`.
     pub namespace: String,
@@ -77,6 +78,7 @@ pub struct ResourceMetadata {
 /// One resource as the node sent it: metadata and the spec in both of its
 /// encodings (YAML always; protobuf for types upstream defines a message for).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct Resource {
     /// Metadata.
     pub metadata: ResourceMetadata,
@@ -156,6 +158,7 @@ pub enum EventKind {
 
 /// One event of a watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ResourceEvent {
     /// What happened.
     pub kind: EventKind,

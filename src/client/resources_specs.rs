@@ -53,6 +53,7 @@ pub mod types {
 
 /// A resource type as the node defines it (`talosctl get rd`).
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+#[non_exhaustive]
 pub struct ResourceDefinition {
     /// Id: the type in lower case.
     pub id: String,
@@ -119,6 +120,7 @@ impl ConfigId {
 
 /// A machine configuration resource.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct MachineConfig {
     /// `v1alpha1` or `persistent`.
     pub id: String,
@@ -152,6 +154,7 @@ impl MachineConfig {
 
 /// A condition that keeps a machine from being ready.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[non_exhaustive]
 pub struct UnmetCondition {
     /// Name, e.g. `etcd`.
     pub name: String,
@@ -161,6 +164,7 @@ pub struct UnmetCondition {
 
 /// The machine's stage and readiness.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct MachineStatus {
     /// `booting`, `running`, `rebooting`, `resetting`, ...
     pub stage: String,
@@ -186,6 +190,7 @@ struct MachineStatusStatusYaml {
 
 /// The Talos version a node runs.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[non_exhaustive]
 pub struct TalosVersion {
     /// e.g. `v1.13.9`.
     pub version: String,
@@ -196,6 +201,7 @@ pub struct TalosVersion {
 
 /// A system service's state.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ServiceStatus {
     /// Service id (`etcd`, `apid`, ...).
     pub id: String,
@@ -217,6 +223,7 @@ struct ServiceYaml {
 
 /// The node's own etcd member.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct EtcdLocalMember {
     /// Its member id.
     pub member_id: MemberId,
@@ -231,6 +238,7 @@ struct EtcdMemberYaml {
 /// A cluster member as discovery sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct ClusterMember {
     /// Resource id (the hostname, usually).
     #[serde(skip_deserializing)]
@@ -255,6 +263,7 @@ pub struct ClusterMember {
 /// An address on one of the node's links.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct AddressStatus {
     /// Resource id, `link/address`.
     #[serde(skip_deserializing)]
@@ -293,6 +302,7 @@ pub struct NodeIdentity {
 /// A volume.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct VolumeStatus {
     /// Volume id, e.g. `STATE`, `EPHEMERAL`, `ETCD` (1.14).
     #[serde(skip_deserializing)]

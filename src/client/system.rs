@@ -9,6 +9,7 @@ use crate::api::{cluster, machine};
 
 /// Talos version and platform of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+#[non_exhaustive]
 pub struct VersionInfo {
     /// Release tag, e.g. `v1.13.9`.
     pub tag: String,
@@ -32,6 +33,7 @@ pub struct VersionInfo {
 
 /// Health of a service.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+#[non_exhaustive]
 pub struct ServiceHealth {
     /// True while health is not known yet.
     pub unknown: bool,
@@ -46,6 +48,7 @@ pub struct ServiceHealth {
 
 /// One state change of a service.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ServiceEvent {
     /// What happened.
     pub msg: String,
@@ -58,6 +61,7 @@ pub struct ServiceEvent {
 
 /// A system service on a node (etcd, apid, kubelet, ...).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ServiceInfo {
     /// Service id.
     pub id: String,

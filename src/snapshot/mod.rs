@@ -50,6 +50,7 @@ pub const TRAILER_SIZE: u64 = 32;
 
 /// What a verified snapshot contains.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SnapshotReport {
     /// File size, trailer included.
     pub size: u64,

@@ -181,7 +181,11 @@ async fn ops_drill_proves_the_newest_backup_and_catches_a_tampered_one() {
     )
     .await;
     assert_eq!(failed.code, 1, "{}", failed.stdout);
-    assert!(failed.stderr.contains("failed the check"), "{}", failed.stderr);
+    assert!(
+        failed.stderr.contains("failed the check"),
+        "{}",
+        failed.stderr
+    );
     // Without the identity it cannot decrypt, and says so before anything.
     let refused = ops_in(
         &f,

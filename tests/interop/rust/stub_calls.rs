@@ -55,19 +55,37 @@ pub async fn typed_calls(client: &Client, scratch: &std::path::Path) {
     let node = client.node(STUB_NODE);
 
     let version = node.version().await.expect("Version");
+    // The response types are #[non_exhaustive]: compared field by field.
+    let VersionInfo {
+        tag,
+        sha,
+        built,
+        go_version,
+        os,
+        arch,
+        platform,
+        platform_mode,
+        rbac,
+        ..
+    } = version;
     assert_eq!(
-        version,
-        VersionInfo {
-            tag: "v1.13.9-interop".into(),
-            sha: "sha-0123abcd".into(),
-            built: "built-2026-08-21T10:11:12Z".into(),
-            go_version: "go1.26.8-interop".into(),
-            os: "os-linux".into(),
-            arch: "arch-amd64".into(),
-            platform: Some("platform-metal".into()),
-            platform_mode: Some("mode-metal".into()),
-            rbac: true,
-        }
+        (tag, sha, built, go_version, os, arch),
+        (
+            "v1.13.9-interop".to_string(),
+            "sha-0123abcd".to_string(),
+            "built-2026-08-21T10:11:12Z".to_string(),
+            "go1.26.8-interop".to_string(),
+            "os-linux".to_string(),
+            "arch-amd64".to_string()
+        )
+    );
+    assert_eq!(
+        (platform, platform_mode, rbac),
+        (
+            Some("platform-metal".to_string()),
+            Some("mode-metal".to_string()),
+            true
+        )
     );
     assert_eq!(
         node.hostname().await.expect("Hostname"),
@@ -75,99 +93,143 @@ pub async fn typed_calls(client: &Client, scratch: &std::path::Path) {
     );
 
     let services = node.service_list().await.expect("ServiceList");
-    let event = |msg: &str, state: &str, ts| ServiceEvent {
-        msg: msg.into(),
-        state: state.into(),
-        ts,
-    };
+    type Event = (String, String, Option<OffsetDateTime>);
+    type Health = (bool, bool, String, Option<OffsetDateTime>);
+    let seen: Vec<(String, String, Health, Vec<Event>)> = services
+        .iter()
+        .map(|s: &ServiceInfo| {
+            let h: &ServiceHealth = &s.health;
+            (
+                s.id.clone(),
+                s.state.clone(),
+                (h.unknown, h.healthy, h.last_message.clone(), h.last_change),
+                s.events
+                    .iter()
+                    .map(|e: &ServiceEvent| (e.msg.clone(), e.state.clone(), e.ts))
+                    .collect(),
+            )
+        })
+        .collect();
+    let event = |msg: &str, state: &str, ts| -> Event { (msg.into(), state.into(), ts) };
     assert_eq!(
-        services,
+        seen,
         vec![
-            ServiceInfo {
-                id: "etcd".into(),
-                state: "Running".into(),
-                health: ServiceHealth {
-                    unknown: false,
-                    healthy: true,
-                    last_message: "etcd is healthy".into(),
-                    last_change: at(1_700_000_003, 333),
-                },
-                events: vec![
+            (
+                "etcd".to_string(),
+                "Running".to_string(),
+                (
+                    false,
+                    true,
+                    "etcd is healthy".to_string(),
+                    at(1_700_000_003, 333)
+                ),
+                vec![
                     event("Starting etcd", "Preparing", at(1_700_000_001, 111)),
                     event("Started etcd", "Running", at(1_700_000_002, 222_000_222)),
                 ],
-            },
-            ServiceInfo {
-                id: "apid".into(),
-                state: "Waiting".into(),
-                health: ServiceHealth {
-                    unknown: true,
-                    healthy: false,
-                    last_message: "apid health unknown".into(),
-                    last_change: at(1_700_000_006, 666),
-                },
-                events: vec![
+            ),
+            (
+                "apid".to_string(),
+                "Waiting".to_string(),
+                (
+                    true,
+                    false,
+                    "apid health unknown".to_string(),
+                    at(1_700_000_006, 666)
+                ),
+                vec![
                     event("Waiting for network", "Waiting", at(1_700_000_004, 444)),
                     event("Still waiting", "Waiting", at(1_700_000_005, 555)),
                 ],
-            },
+            ),
         ]
     );
 
     let members = node.etcd_member_list(true).await.expect("EtcdMemberList");
+    let seen: Vec<_> = members
+        .iter()
+        .map(|m: &EtcdMember| {
+            (
+                m.id,
+                m.hostname.clone(),
+                m.peer_urls.clone(),
+                m.client_urls.clone(),
+                m.is_learner,
+            )
+        })
+        .collect();
     assert_eq!(
-        members,
+        seen,
         vec![
-            EtcdMember {
-                id: MemberId(MEMBER_ONE),
-                hostname: "member-one".into(),
-                peer_urls: strings(&["https://10.0.1.1:2380", "https://[fd00::1]:2380"]),
-                client_urls: strings(&["https://10.0.1.1:2379", "https://[fd00::1]:2379"]),
-                is_learner: false,
-            },
-            EtcdMember {
-                id: MemberId(MEMBER_TWO),
-                hostname: "member-two".into(),
-                peer_urls: strings(&["https://10.0.1.2:2380", "https://[fd00::2]:2380"]),
-                client_urls: strings(&["https://10.0.1.2:2379", "https://[fd00::2]:2379"]),
-                is_learner: true,
-            },
+            (
+                MemberId(MEMBER_ONE),
+                "member-one".to_string(),
+                strings(&["https://10.0.1.1:2380", "https://[fd00::1]:2380"]),
+                strings(&["https://10.0.1.1:2379", "https://[fd00::1]:2379"]),
+                false,
+            ),
+            (
+                MemberId(MEMBER_TWO),
+                "member-two".to_string(),
+                strings(&["https://10.0.1.2:2380", "https://[fd00::2]:2380"]),
+                strings(&["https://10.0.1.2:2379", "https://[fd00::2]:2379"]),
+                true,
+            ),
         ]
     );
     assert_eq!(members[0].id.to_string(), "8000000000000001");
 
     let status = node.etcd_status().await.expect("EtcdStatus");
+    let s: &EtcdMemberStatus = &status;
     assert_eq!(
-        status,
-        EtcdMemberStatus {
-            member_id: MemberId(MEMBER_TWO),
-            protocol_version: "3.6.0-protocol".into(),
-            storage_version: "3.6.0-storage".into(),
-            db_size: (1 << 40) + 1,
-            db_size_in_use: 2_222_222,
-            leader: MemberId(MEMBER_ONE),
-            raft_index: 3333,
-            raft_term: 44,
-            raft_applied_index: 3332,
-            errors: strings(&["status error one", "status error two"]),
-            is_learner: true,
-        }
+        (
+            s.member_id,
+            s.protocol_version.as_str(),
+            s.storage_version.as_str(),
+            s.db_size,
+            s.db_size_in_use,
+            s.leader
+        ),
+        (
+            MemberId(MEMBER_TWO),
+            "3.6.0-protocol",
+            "3.6.0-storage",
+            (1 << 40) + 1,
+            2_222_222,
+            MemberId(MEMBER_ONE)
+        )
+    );
+    assert_eq!(
+        (
+            s.raft_index,
+            s.raft_term,
+            s.raft_applied_index,
+            s.errors.clone(),
+            s.is_learner
+        ),
+        (
+            3333,
+            44,
+            3332,
+            strings(&["status error one", "status error two"]),
+            true
+        )
     );
     assert!(!status.is_leader());
 
-    let alarm = |id, alarm| MemberAlarm {
-        member_id: MemberId(id),
-        alarm,
+    let alarm = |id, alarm| (MemberId(id), alarm);
+    let pairs = |alarms: Vec<MemberAlarm>| -> Vec<(MemberId, AlarmType)> {
+        alarms.iter().map(|a| (a.member_id, a.alarm)).collect()
     };
     assert_eq!(
-        node.etcd_alarm_list().await.expect("EtcdAlarmList"),
+        pairs(node.etcd_alarm_list().await.expect("EtcdAlarmList")),
         vec![
             alarm(MEMBER_ONE, AlarmType::Nospace),
             alarm(MEMBER_TWO, AlarmType::Corrupt)
         ]
     );
     assert_eq!(
-        node.etcd_alarm_disarm().await.expect("EtcdAlarmDisarm"),
+        pairs(node.etcd_alarm_disarm().await.expect("EtcdAlarmDisarm")),
         vec![
             alarm(0x1111, AlarmType::Corrupt),
             alarm(0x2222, AlarmType::Nospace)

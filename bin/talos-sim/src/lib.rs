@@ -51,6 +51,7 @@ mod proxy;
 pub mod serve;
 mod strict;
 pub mod tls;
+mod validate;
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use std::path::{Path, PathBuf};

@@ -69,7 +69,13 @@ pub(crate) async fn remove_member_by_id(
     id: u64,
 ) -> Result<(), Status> {
     node.check_controlplane("etcd remove member")?;
-    let Err(status) = cluster_client(shared).await?.member_remove(id).await else {
+    // One call; only the caller's deadline ends it (v1alpha1_server.go
+    // passes the request's context).
+    let Err(status) = cluster_client(shared)
+        .await?
+        .member_remove_within(id, None)
+        .await
+    else {
         return Ok(());
     };
     // RemoveMemberByMemberID wraps the error ("failed to remove member
@@ -159,7 +165,8 @@ async fn remove_self(client: &EtcdClient, member_id: u64, shared: &Shared) -> Re
     let mut errors = ErrorSet::default();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let attempt = tokio::time::timeout(left, client.member_remove(member_id)).await;
+        let attempt =
+            tokio::time::timeout(left, client.member_remove_within(member_id, None)).await;
         let status = match attempt {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(status)) => status,

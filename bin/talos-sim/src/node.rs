@@ -439,6 +439,12 @@ impl Node {
         }
     }
 
+    /// The process id of this node's etcd, while it runs (for tests that
+    /// freeze a member with SIGSTOP).
+    pub async fn etcd_pid(&self) -> Option<u32> {
+        self.etcd.lock().await.as_ref().and_then(EtcdProcess::pid)
+    }
+
     /// Whether etcd runs on this node.
     pub async fn etcd_running(&self) -> bool {
         match self.etcd.lock().await.as_mut() {

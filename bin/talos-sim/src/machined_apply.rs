@@ -149,9 +149,11 @@ impl Machined {
             // A later non-TRY apply confirms the tried configuration.
             rollback.abort();
         }
+        // Upstream's handler returns the state's error as is, which
+        // grpc-go sends as Unknown (v1alpha1_server.go).
         let persist = |yaml: &str| {
             node.persist_config(yaml)
-                .map_err(|e| Status::internal(format!("failed to persist config: {e}")))
+                .map_err(|e| Status::unknown(format!("failed to persist config: {e}")))
         };
         Ok(match mode {
             Mode::Try => {

@@ -48,7 +48,7 @@ pub(crate) fn apply(
     }
     node.set_worker(worker);
     node.persist_config(&config)
-        .map_err(|e| Status::internal(format!("failed to persist config: {e}")))?;
+        .map_err(|e| Status::unknown(format!("failed to persist config: {e}")))?;
     node.config.lock().expect("config lock").active = config;
     let (shared, node) = (shared.clone(), node.clone());
     tokio::spawn(async move {

@@ -1,7 +1,7 @@
 //! `join NODE`: wait until a new control-plane node is a voting etcd member
-//! (its learner promoted) and every member is healthy. With a configuration
-//! it first applies it to NODE in maintenance mode (the seeds'
-//! `apply-config --insecure`), which makes NODE join.
+//! (its learner promoted), its etcd service is healthy, and every member is
+//! healthy. With a configuration it first applies it to NODE in maintenance
+//! mode (the seeds' `apply-config --insecure`), which makes NODE join.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -353,26 +353,35 @@ impl Ops {
                         names(&view.members).join(", ")
                     ),
                     Some(m) if m.is_learner => format!("{node} is still a learner"),
-                    Some(_) => {
+                    Some(m) => {
                         let unhealthy = unhealthy_voters(&view, None);
-                        if unhealthy.is_empty() && view.disagreements.is_empty() {
-                            let took = started.elapsed().as_secs_f64();
-                            facts.join_seconds = Some(took);
-                            let count = view.members.len();
-                            let even = if count % 2 == 0 {
-                                " (an even count)"
-                            } else {
-                                ""
-                            };
-                            return Ok(Outcome::done(format!(
-                                "{node} is a healthy voter after {took:.1} s; {count} members{even}"
-                            )));
+                        let service = if unhealthy.is_empty() && view.disagreements.is_empty() {
+                            etcd_service_problem(&self.client, m).await
+                        } else {
+                            None
+                        };
+                        if let Some(problem) = service {
+                            problem
+                        } else {
+                            if unhealthy.is_empty() && view.disagreements.is_empty() {
+                                let took = started.elapsed().as_secs_f64();
+                                facts.join_seconds = Some(took);
+                                let count = view.members.len();
+                                let even = if count % 2 == 0 {
+                                    " (an even count)"
+                                } else {
+                                    ""
+                                };
+                                return Ok(Outcome::done(format!(
+                                    "{node} is a healthy voter after {took:.1} s; {count} members{even}"
+                                )));
+                            }
+                            format!(
+                                "unhealthy: {} {}",
+                                unhealthy.join(", "),
+                                view.disagreements.join("; ")
+                            )
                         }
-                        format!(
-                            "unhealthy: {} {}",
-                            unhealthy.join(", "),
-                            view.disagreements.join("; ")
-                        )
                     }
                 },
                 Err(e) => e.to_string(),
@@ -383,6 +392,26 @@ impl Ops {
             OpsError::poll_stop(&self.stop)?;
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+}
+
+/// Why the etcd service of the new member `m` is not healthy yet, if it is
+/// not: a promoted member's service stays unhealthy until Talos's next
+/// health check, and until then the node has no local member for leave or
+/// forfeit (Talos's EtcdMembers resource needs a healthy service).
+async fn etcd_service_problem(
+    client: &crate::Client,
+    m: &crate::client::EtcdMember,
+) -> Option<String> {
+    let address = super::cluster::member_address(m)?;
+    let name = &m.hostname;
+    match client.node(address.as_str()).service_list().await {
+        Ok(services) => match services.iter().find(|s| s.id == "etcd") {
+            Some(s) if s.health.healthy => None,
+            Some(_) => Some(format!("{name}'s etcd service is not healthy yet")),
+            None => Some(format!("{name} lists no etcd service")),
+        },
+        Err(e) => Some(format!("{name}'s services: {e}")),
     }
 }
 

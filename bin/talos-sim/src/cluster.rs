@@ -100,10 +100,20 @@ enum NodeKind {
 
 /// The worker configuration: the control-plane one with `type: worker` and
 /// the CA's certificate only, as `talosctl gen config` writes worker.yaml.
+/// Without the `cluster.etcd` section either, which upstream's Validate
+/// refuses on a worker.
 fn worker_machine_config(controlplane: &str) -> String {
+    let mut in_etcd = false;
     controlplane
         .lines()
-        .filter(|line| !line.trim_start().starts_with("key: "))
+        .filter(|line| {
+            if line.starts_with("  etcd:") {
+                in_etcd = true;
+            } else if !line.starts_with("   ") {
+                in_etcd = false;
+            }
+            !in_etcd && !line.trim_start().starts_with("key: ")
+        })
         .map(|line| line.replace("type: controlplane", "type: worker"))
         .collect::<Vec<_>>()
         .join("\n")
@@ -113,7 +123,8 @@ fn worker_machine_config(controlplane: &str) -> String {
 /// The machine configuration every simulated node starts with (the nodes'
 /// hostnames come from the simulator, not from this document). Like a real
 /// control-plane configuration it carries the cluster's CA, key included:
-/// a node in maintenance mode takes its PKI from it.
+/// a node in maintenance mode takes its PKI from it. Its etcd section
+/// carries a CA, which upstream's Validate requires of a control plane.
 pub fn default_machine_config(cfg: &SimConfig, ca: &Ca) -> String {
     use base64::Engine as _;
     let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
@@ -125,7 +136,7 @@ pub fn default_machine_config(cfg: &SimConfig, ca: &Ca) -> String {
          ca:\n    crt: {ca_crt}\n    key: {ca_key}\n  certSANs: []\n  \
          install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{version}\n\
          cluster:\n  clusterName: talos-sim\n  controlPlane:\n    endpoint: https://{ip}:6443\n  \
-         etcd:\n    advertisedSubnets:\n      - 127.0.0.0/8\n",
+         etcd:\n    ca:\n      crt: {ca_crt}\n      key: {ca_key}\n    advertisedSubnets:\n      - 127.0.0.0/8\n",
         version = cfg.talos_version.tag(),
         ip = cfg.node_ip(1),
         ca_crt = b64(&ca.cert_pem),

@@ -393,7 +393,12 @@ fn runtime_items(node: &Node, etcd: (bool, Option<u64>)) -> Vec<Item> {
         ));
     }
     // A 1.14 node has etcd's own volume, ETCD, too.
+    // IMAGECACHE only while the image cache is enabled.
+    let cache = crate::node::image_cache_enabled(&node.active_config());
     for (i, label) in system_volumes(node.talos_version()).iter().enumerate() {
+        if *label == "IMAGECACHE" && !cache {
+            continue;
+        }
         let y = serde_json::json!({"phase": "ready", "type": "partition", "location": format!("/dev/sda{}", i + 3), "prettySize": "1.0 GB"});
         let spec = defs::VolumeStatusSpec {
             phase: 6,

@@ -134,30 +134,26 @@ pub(crate) fn parse(yaml: &[u8]) -> Result<MachineConfig, Status> {
             "the applied machine configuration doesn't contain v1alpha1 config, did you mean to patch the machine config instead?",
         )
     })?;
-    let config = MachineConfig {
+    Ok(MachineConfig {
         v1alpha1,
         documents,
-    };
-    if config.machine_type().is_none() {
-        return Err(Status::invalid_argument(
-            "1 error occurred:\n\t* machine.type is required",
-        ));
-    }
-    Ok(config)
+    })
 }
 
 impl MachineConfig {
-    /// `machine.type`.
-    pub(crate) fn machine_type(&self) -> Option<&str> {
+    /// `machine.type` as written (empty when absent).
+    pub(crate) fn machine_type(&self) -> &str {
         self.v1alpha1
             .get("machine")
             .and_then(|m| m.get("type"))
             .and_then(|t| t.as_str())
+            .unwrap_or_default()
     }
 
-    /// Whether it configures a worker.
+    /// Whether it configures a worker: `worker`, `join` or no type, as
+    /// upstream parses the type (pkg/machinery/config/machine/machine.go).
     pub(crate) fn is_worker(&self) -> bool {
-        self.machine_type() == Some("worker")
+        crate::validate::parse_type(self.machine_type()) == Some("worker")
     }
 
     /// Refuses a configuration of the other machine type than the node's:
@@ -168,12 +164,12 @@ impl MachineConfig {
         } else {
             "a control plane"
         };
-        match self.machine_type() {
+        match crate::validate::parse_type(self.machine_type()) {
             Some("controlplane" | "init") if !node_is_worker => Ok(()),
             Some("worker") if node_is_worker => Ok(()),
-            other => Err(Status::invalid_argument(format!(
+            _ => Err(Status::invalid_argument(format!(
                 "1 error occurred:\n\t* machine type {:?} cannot be applied to {node} node without a reboot into a new install",
-                other.unwrap_or_default()
+                self.machine_type()
             ))),
         }
     }

@@ -17,22 +17,21 @@ use crate::api::etcdserverpb::{
 /// Timeout of one etcd request.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long one membership proposal may take before it is made again.
-const RECONFIGURE_ATTEMPT: Duration = Duration::from_secs(3);
-
-/// How long a membership change may take in all.
-const RECONFIGURE_TOTAL: Duration = Duration::from_secs(20);
-
-/// A membership request: leader required, and a deadline short enough to
-/// propose it again (see [`EtcdClient::reconfigure`]).
-fn membership<T>(message: T) -> tonic::Request<T> {
-    let mut request = require_leader(message);
-    request.set_timeout(RECONFIGURE_ATTEMPT);
+/// A membership request, as upstream's etcd client sends one: leader
+/// required, made once, with the caller's deadline if it has one. When
+/// raft drops the proposal (it ignores a membership change that arrives
+/// while an earlier one is unapplied), the call waits for that deadline,
+/// as a Talos node's does.
+fn membership<T>(message: T, timeout: Option<Duration>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "hasleader",
+        tonic::metadata::MetadataValue::from_static("true"),
+    );
+    if let Some(timeout) = timeout {
+        request.set_timeout(timeout);
+    }
     request
-}
-
-fn timed_out<T>(result: &Result<T, tonic::Status>) -> bool {
-    matches!(result, Err(s) if matches!(s.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled))
 }
 
 /// Channels to one or more etcd members, tried in order.
@@ -45,7 +44,6 @@ fn channel(url: &str) -> Result<Channel, tonic::Status> {
     Ok(Endpoint::from_shared(url.to_string())
         .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
         .connect_timeout(Duration::from_secs(2))
-        .timeout(CALL_TIMEOUT)
         .connect_lazy())
 }
 
@@ -102,38 +100,6 @@ impl EtcdClient {
         Err(last)
     }
 
-    /// Runs a membership change, proposing it again when an attempt times
-    /// out. etcd 3.4's raft silently drops a membership proposal that
-    /// arrives while an earlier change is still unapplied (typically just
-    /// after a leader change), and the request then only waits out its
-    /// deadline; a dropped proposal was never applied, so making it again is
-    /// safe.
-    async fn reconfigure<T, F, Fut>(&self, call: F) -> Result<T, tonic::Status>
-    where
-        F: Fn(Channel) -> Fut,
-        Fut: Future<Output = Result<T, tonic::Status>>,
-    {
-        let deadline = tokio::time::Instant::now() + RECONFIGURE_TOTAL;
-        loop {
-            let result =
-                match tokio::time::timeout(RECONFIGURE_ATTEMPT, self.first_answer(&call)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(tonic::Status::deadline_exceeded(
-                        "membership change not applied",
-                    )),
-                };
-            if !timed_out(&result) {
-                return result;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(tonic::Status::deadline_exceeded(format!(
-                    "etcd did not apply the membership change within {}s",
-                    RECONFIGURE_TOTAL.as_secs()
-                )));
-            }
-        }
-    }
-
     /// Lists the members, as the first reachable member sees them.
     pub async fn member_list(&self) -> Result<Vec<Member>, tonic::Status> {
         self.first_answer(&|ch| async move {
@@ -147,14 +113,23 @@ impl EtcdClient {
         .await
     }
 
-    /// Adds a member (as a learner when asked); returns the new member.
-    pub async fn member_add(&self, peer_url: &str, learner: bool) -> Result<Member, tonic::Status> {
-        self.reconfigure(|ch| async move {
+    /// Adds a member (as a learner when asked) in one call, within
+    /// `timeout` if given; returns the new member.
+    pub(crate) async fn member_add_within(
+        &self,
+        peer_url: &str,
+        learner: bool,
+        timeout: Option<Duration>,
+    ) -> Result<Member, tonic::Status> {
+        self.first_answer(&|ch| async move {
             let resp = ClusterClient::new(ch)
-                .member_add(membership(MemberAddRequest {
-                    peer_ur_ls: vec![peer_url.to_string()],
-                    is_learner: learner,
-                }))
+                .member_add(membership(
+                    MemberAddRequest {
+                        peer_ur_ls: vec![peer_url.to_string()],
+                        is_learner: learner,
+                    },
+                    timeout,
+                ))
                 .await?
                 .into_inner();
             resp.member
@@ -163,26 +138,52 @@ impl EtcdClient {
         .await
     }
 
-    /// Removes a member by id.
-    pub async fn member_remove(&self, id: u64) -> Result<(), tonic::Status> {
-        self.reconfigure(|ch| async move {
+    /// Removes a member by id in one call, within `timeout` if given.
+    pub(crate) async fn member_remove_within(
+        &self,
+        id: u64,
+        timeout: Option<Duration>,
+    ) -> Result<(), tonic::Status> {
+        self.first_answer(&|ch| async move {
             ClusterClient::new(ch)
-                .member_remove(membership(MemberRemoveRequest { id }))
+                .member_remove(membership(MemberRemoveRequest { id }, timeout))
                 .await
                 .map(drop)
         })
         .await
     }
 
-    /// Promotes a learner to a voting member.
-    pub async fn member_promote(&self, id: u64) -> Result<(), tonic::Status> {
-        self.reconfigure(|ch| async move {
+    /// Promotes a learner to a voting member in one call, within `timeout`
+    /// if given.
+    pub(crate) async fn member_promote_within(
+        &self,
+        id: u64,
+        timeout: Option<Duration>,
+    ) -> Result<(), tonic::Status> {
+        self.first_answer(&|ch| async move {
             ClusterClient::new(ch)
-                .member_promote(membership(MemberPromoteRequest { id }))
+                .member_promote(membership(MemberPromoteRequest { id }, timeout))
                 .await
                 .map(drop)
         })
         .await
+    }
+
+    /// Adds a member (as a learner when asked) in one call with the
+    /// default deadline; returns the new member.
+    pub async fn member_add(&self, peer_url: &str, learner: bool) -> Result<Member, tonic::Status> {
+        self.member_add_within(peer_url, learner, Some(CALL_TIMEOUT))
+            .await
+    }
+
+    /// Removes a member by id in one call with the default deadline.
+    pub async fn member_remove(&self, id: u64) -> Result<(), tonic::Status> {
+        self.member_remove_within(id, Some(CALL_TIMEOUT)).await
+    }
+
+    /// Promotes a learner in one call with the default deadline.
+    pub async fn member_promote(&self, id: u64) -> Result<(), tonic::Status> {
+        self.member_promote_within(id, Some(CALL_TIMEOUT)).await
     }
 
     /// Status of the member at `url`.

@@ -219,6 +219,11 @@ impl EtcdProcess {
         &self.spec
     }
 
+    /// The etcd process's id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -51,6 +51,7 @@ mod proxy;
 pub mod serve;
 mod strict;
 pub mod tls;
+mod validate;
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use std::path::{Path, PathBuf};
@@ -189,12 +190,18 @@ pub struct TalosTiming {
     pub promote_jitter: Duration,
     /// A joining learner's promotion: how long it is retried in all.
     pub promote_limit: Duration,
+    /// A joining learner's promotion: the deadline of one attempt (its
+    /// single MemberPromote call).
+    pub promote_attempt_timeout: Duration,
     /// Joining etcd (member add): the pause between attempts.
     pub join_interval: Duration,
     /// Joining etcd: the most added to each pause at random.
     pub join_jitter: Duration,
     /// Joining etcd: how long it is retried in all (`EtcdJoinTimeout`).
     pub join_limit: Duration,
+    /// Joining etcd: the deadline of one attempt (member list, removal of
+    /// a stale member, member add, member list, each a single call).
+    pub join_attempt_timeout: Duration,
     /// The etcd service's health check: the wait before the first check.
     pub health_initial_delay: Duration,
     /// The etcd service's health check: the period between checks.
@@ -208,7 +215,8 @@ impl TalosTiming {
     /// (internal/pkg/etcd/etcd.go, LeaveCluster), the local member awaited
     /// for 3 min (internal/pkg/etcd/local.go, GetLocalMemberID); a learner's
     /// promotion retried every 15 s plus up to 1 s for 10 min, member add
-    /// every 3 s plus up to 1 s for 30 min, and the etcd service checked
+    /// every 3 s plus up to 1 s for 30 min (each attempt, and each promotion
+    /// attempt, within 30 s), and the etcd service checked
     /// 5 s after it starts, then every 20 s with a 15 s deadline
     /// (internal/app/machined/pkg/system/services/etcd.go: promoteMember,
     /// buildInitialCluster, HealthSettings; constants.EtcdJoinTimeout).
@@ -219,9 +227,11 @@ impl TalosTiming {
         promote_interval: Duration::from_secs(15),
         promote_jitter: Duration::from_secs(1),
         promote_limit: Duration::from_secs(600),
+        promote_attempt_timeout: Duration::from_secs(30),
         join_interval: Duration::from_secs(3),
         join_jitter: Duration::from_secs(1),
         join_limit: Duration::from_secs(1800),
+        join_attempt_timeout: Duration::from_secs(30),
         health_initial_delay: Duration::from_secs(5),
         health_period: Duration::from_secs(20),
         health_timeout: Duration::from_secs(15),
@@ -239,9 +249,11 @@ impl TalosTiming {
             promote_interval: up.promote_interval / d,
             promote_jitter: up.promote_jitter / d,
             promote_limit: up.promote_limit / d,
+            promote_attempt_timeout: up.promote_attempt_timeout / d,
             join_interval: up.join_interval / d,
             join_jitter: up.join_jitter / d,
             join_limit: up.join_limit / d,
+            join_attempt_timeout: up.join_attempt_timeout / d,
             health_initial_delay: up.health_initial_delay / d,
             health_period: up.health_period / d,
             health_timeout: up.health_timeout / d,

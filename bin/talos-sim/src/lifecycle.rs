@@ -216,7 +216,13 @@ pub(crate) async fn join_etcd(
         if after_boot && node.power() == Power::Off {
             return Err(SimError::Refused("the node powered off".into()));
         }
-        match add_member(shared, node).await {
+        let attempt = tokio::time::timeout(
+            timing.join_attempt_timeout,
+            add_member(shared, node, Instant::now() + timing.join_attempt_timeout),
+        )
+        .await
+        .unwrap_or_else(|_| Err("context deadline exceeded".into()));
+        match attempt {
             Ok(joined) => break joined,
             Err(e) => {
                 let pause = super::jittered(timing.join_interval, timing.join_jitter);
@@ -238,10 +244,13 @@ pub(crate) async fn join_etcd(
 /// One attempt of upstream's addMember: remove a member that carries the
 /// joining node's name (left behind by a reset without a leave), add the
 /// node as a learner, and build the initial cluster from the new list.
+/// Each membership change is a single call within the attempt's deadline.
 async fn add_member(
     shared: &Arc<Shared>,
     node: &Arc<Node>,
+    deadline: Instant,
 ) -> Result<(EtcdClient, String, u64), String> {
+    let left = || Some(deadline.saturating_duration_since(Instant::now()));
     let peers: Vec<String> = shared
         .nodes()
         .iter()
@@ -260,12 +269,12 @@ async fn add_member(
         .map_err(|s| format!("error getting etcd member list: {}", s.message()))?;
     for stale in list.iter().filter(|m| m.name == node.name) {
         client
-            .member_remove(stale.id)
+            .member_remove_within(stale.id, left())
             .await
             .map_err(|s| format!("error removing self from the member list: {}", s.message()))?;
     }
     let member = client
-        .member_add(&node.etcd_peer_url(), true)
+        .member_add_within(&node.etcd_peer_url(), true, left())
         .await
         .map_err(|s| format!("error adding member: {}", s.message()))?;
     let initial_cluster = client
@@ -287,11 +296,16 @@ async fn add_member(
 }
 
 /// Promotes a learner as upstream's promoteMember: an attempt at once, then
-/// one every `promote_interval` plus jitter, for up to `promote_limit`.
+/// one every `promote_interval` plus jitter, for up to `promote_limit`;
+/// each attempt a single MemberPromote call within
+/// `promote_attempt_timeout`.
 async fn promote(client: EtcdClient, member_id: u64, name: String, timing: super::TalosTiming) {
     let deadline = Instant::now() + timing.promote_limit;
     loop {
-        match client.member_promote(member_id).await {
+        match client
+            .member_promote_within(member_id, Some(timing.promote_attempt_timeout))
+            .await
+        {
             Ok(()) => {
                 tracing::info!(node = %name, "learner promoted to voting member");
                 return;

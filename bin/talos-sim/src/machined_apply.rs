@@ -63,6 +63,9 @@ impl Machined {
         })?;
         crate::strict::check(&request.data, self.node.talos_version())?;
         let config = diff::parse(&request.data)?;
+        // Validate runs before anything depends on the new configuration
+        // (v1alpha1_server.go); its warnings come back with the result.
+        let warnings = crate::validate::check(&config)?;
         config.check_role(self.node.is_worker())?;
         let active = self.node.config.lock().expect("config lock").active.clone();
         let current = diff::parse(active.as_bytes());
@@ -129,7 +132,7 @@ impl Machined {
         one(machine::ApplyConfigurationResponse {
             messages: vec![machine::ApplyConfiguration {
                 metadata: None,
-                warnings: vec![],
+                warnings,
                 mode: mode as i32,
                 mode_details,
             }],
@@ -146,9 +149,11 @@ impl Machined {
             // A later non-TRY apply confirms the tried configuration.
             rollback.abort();
         }
+        // Upstream's handler returns the state's error as is, which
+        // grpc-go sends as Unknown (v1alpha1_server.go).
         let persist = |yaml: &str| {
             node.persist_config(yaml)
-                .map_err(|e| Status::internal(format!("failed to persist config: {e}")))
+                .map_err(|e| Status::unknown(format!("failed to persist config: {e}")))
         };
         Ok(match mode {
             Mode::Try => {

@@ -69,7 +69,13 @@ pub(crate) async fn remove_member_by_id(
     id: u64,
 ) -> Result<(), Status> {
     node.check_controlplane("etcd remove member")?;
-    let Err(status) = cluster_client(shared).await?.member_remove(id).await else {
+    // One call; only the caller's deadline ends it (v1alpha1_server.go
+    // passes the request's context).
+    let Err(status) = cluster_client(shared)
+        .await?
+        .member_remove_within(id, None)
+        .await
+    else {
         return Ok(());
     };
     // RemoveMemberByMemberID wraps the error ("failed to remove member
@@ -159,7 +165,8 @@ async fn remove_self(client: &EtcdClient, member_id: u64, shared: &Shared) -> Re
     let mut errors = ErrorSet::default();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let attempt = tokio::time::timeout(left, client.member_remove(member_id)).await;
+        let attempt =
+            tokio::time::timeout(left, client.member_remove_within(member_id, None)).await;
         let status = match attempt {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(status)) => status,
@@ -277,16 +284,27 @@ pub(crate) async fn snapshot(
     node: &Node,
 ) -> Result<impl futures::Stream<Item = Result<common::Data, Status>> + Send + 'static, Status> {
     let (client, url) = node.local_etcd("etcd snapshot").await?;
-    let upstream = client
-        .snapshot(&url)
-        .await
-        .map_err(etcd_wrapped("failed reading etcd snapshot"))?;
-    let relay = Relay {
+    // The etcd Go client opens the stream without waiting for an answer and
+    // reads etcd's refusal later, as a read error (client/v3 maintenance.go,
+    // Snapshot): the chunker ends the stream and the handler returns OK
+    // with no data (v1alpha1_server.go, EtcdSnapshot). Only a failure to
+    // reach etcd at all fails the call.
+    let (upstream, refused) = match client.snapshot(&url).await {
+        Ok(upstream) => (Some(upstream), None),
+        Err(status) if status.code() != tonic::Code::Unavailable => {
+            (None, Some(EtcdError::from_status(&status).text()))
+        }
+        Err(status) => return Err(etcd_wrapped("failed reading etcd snapshot")(status)),
+    };
+    let mut relay = Relay {
         upstream,
         fault: node.take_snapshot_fault(),
         node: node.name.clone(),
         ended: false,
     };
+    if let Some(error) = refused {
+        relay.read_error(&error);
+    }
     let batches = futures::stream::unfold(relay, |mut relay| async move {
         let messages = relay.next().await?;
         Some((messages, relay))
@@ -296,7 +314,8 @@ pub(crate) async fn snapshot(
 
 /// etcd's snapshot stream, cut into Talos's messages.
 struct Relay {
-    upstream: tonic::Streaming<pb::SnapshotResponse>,
+    /// etcd's stream; none when etcd refused it.
+    upstream: Option<tonic::Streaming<pb::SnapshotResponse>>,
     /// Bytes left before a simulated read error.
     fault: Option<u64>,
     node: String,
@@ -312,7 +331,7 @@ impl Relay {
         if self.ended {
             return None;
         }
-        let blob: Bytes = match self.upstream.next().await? {
+        let blob: Bytes = match self.upstream.as_mut()?.next().await? {
             Ok(response) => response.blob,
             Err(status) => {
                 self.read_error(status.message());

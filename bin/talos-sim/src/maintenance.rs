@@ -26,6 +26,8 @@ pub(crate) fn apply(
         .map_err(|_| Status::invalid_argument(format!("unknown apply mode {}", request.mode)))?;
     crate::strict::check(&request.data, node.talos_version())?;
     let config = diff::parse(&request.data)?;
+    // The same Validate as on a configured node (v1alpha1_server.go).
+    let warnings = crate::validate::check(&config)?;
     check_cluster_ca(shared, &config)?;
     let worker = config.is_worker();
     let mode = match mode {
@@ -37,6 +39,7 @@ pub(crate) fn apply(
     if request.dry_run {
         return Ok(Response::new(response(
             mode,
+            vec![],
             format!(
                 "Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{}",
                 diff::unified("", &config)
@@ -45,7 +48,7 @@ pub(crate) fn apply(
     }
     node.set_worker(worker);
     node.persist_config(&config)
-        .map_err(|e| Status::internal(format!("failed to persist config: {e}")))?;
+        .map_err(|e| Status::unknown(format!("failed to persist config: {e}")))?;
     node.config.lock().expect("config lock").active = config;
     let (shared, node) = (shared.clone(), node.clone());
     tokio::spawn(async move {
@@ -54,14 +57,18 @@ pub(crate) fn apply(
         node.set_front(None);
         crate::lifecycle::boot(&shared, &node).await;
     });
-    Ok(Response::new(response(mode, details.to_string())))
+    Ok(Response::new(response(mode, warnings, details.to_string())))
 }
 
-fn response(mode: Mode, mode_details: String) -> machine::ApplyConfigurationResponse {
+fn response(
+    mode: Mode,
+    warnings: Vec<String>,
+    mode_details: String,
+) -> machine::ApplyConfigurationResponse {
     machine::ApplyConfigurationResponse {
         messages: vec![machine::ApplyConfiguration {
             metadata: None,
-            warnings: vec![],
+            warnings,
             mode: mode as i32,
             mode_details,
         }],

@@ -489,6 +489,12 @@ impl Node {
         }
     }
 
+    /// The process id of this node's etcd, while it runs (for tests that
+    /// freeze a member with SIGSTOP).
+    pub async fn etcd_pid(&self) -> Option<u32> {
+        self.etcd.lock().await.as_ref().and_then(EtcdProcess::pid)
+    }
+
     /// Whether etcd runs on this node.
     pub async fn etcd_running(&self) -> bool {
         match self.etcd.lock().await.as_mut() {
@@ -548,10 +554,15 @@ impl Node {
     }
 
     /// Looks a reset label up as upstream looks up a VolumeStatus by id: the
-    /// system volumes, the unlocated ones, and the user volumes declared by
+    /// system volumes (the image cache's only while it is enabled), the
+    /// unlocated ones, and the user volumes declared by
     /// `UserVolumeConfig` documents in the active configuration (id `u-NAME`,
     /// constants.UserVolumePrefix).
     pub fn lookup_volume(&self, label: &str) -> VolumeLookup {
+        let cache = IMAGE_CACHE_VOLUMES.contains(&label);
+        if cache && !image_cache_enabled(&self.active_config()) {
+            return VolumeLookup::Missing;
+        }
         if system_volumes(self.talos_version()).contains(&label) {
             return VolumeLookup::Located;
         }
@@ -605,6 +616,27 @@ impl Node {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// The volumes that exist only while the image cache is enabled: upstream
+/// creates their VolumeConfigs only then
+/// (internal/app/machined/pkg/controllers/cri/image_cache_config.go).
+pub const IMAGE_CACHE_VOLUMES: [&str; 2] = ["IMAGECACHE", "IMAGECACHE-ISO"];
+
+/// Whether a machine configuration enables the image cache
+/// (`machine.features.imageCache.localEnabled`).
+pub(crate) fn image_cache_enabled(config: &str) -> bool {
+    use serde::Deserialize as _;
+    serde_norway::Deserializer::from_str(config)
+        .filter_map(|doc| serde_norway::Value::deserialize(doc).ok())
+        .any(|doc| {
+            doc.get("machine")
+                .and_then(|m| m.get("features"))
+                .and_then(|f| f.get("imageCache"))
+                .and_then(|c| c.get("localEnabled"))
+                .and_then(serde_norway::Value::as_bool)
+                == Some(true)
+        })
 }
 
 /// The names of the `UserVolumeConfig` documents in a machine configuration.

@@ -120,14 +120,44 @@ fn wipe(labels: &[&str]) -> ResetRequest {
 }
 
 /// v1alpha1_server.go Reset looks each label up as a VolumeStatus: the
-/// system disk's IMAGECACHE and user volumes (`u-NAME`) can be wiped; a
-/// volume Talos knows but did not locate fails with its own text.
+/// image cache's volumes exist only while the cache is enabled
+/// (controllers/cri/image_cache_config.go), and then IMAGECACHE can be wiped
+/// and IMAGECACHE-ISO (no ISO on an installed node) is not located; user
+/// volumes (`u-NAME`) exist once declared.
 #[tokio::test]
 async fn reset_labels_reach_imagecache_and_user_volumes_but_not_unlocated_ones() {
     let sim = SimCluster::start(1).await;
     let client = direct(&sim, 1);
     let node = sim.cluster.node("cp-1").unwrap();
 
+    // The cache is disabled by default: neither volume exists.
+    for label in ["IMAGECACHE", "IMAGECACHE-ISO", "EFI"] {
+        let err = client.reset(wipe(&[label])).await.unwrap_err();
+        assert!(
+            err.to_string().contains(&format!(
+                "failed to get volume status with label \"{label}\""
+            )),
+            "{err}"
+        );
+    }
+    // Enabled (a change of `machine.features` takes a reboot).
+    let enabled = node.active_config().replace(
+        "  certSANs: []\n",
+        "  certSANs: []\n  features:\n    imageCache:\n      localEnabled: true\n",
+    );
+    client
+        .apply_configuration(ApplyRequest::new(enabled, ApplyMode::Reboot))
+        .await
+        .expect("the image cache is enabled");
+    wait_for(
+        "the node back with the image cache",
+        Duration::from_secs(60),
+        || async {
+            let err = client.reset(wipe(&["IMAGECACHE-ISO"])).await.err()?;
+            err.to_string().contains("is not located").then_some(err)
+        },
+    )
+    .await;
     let err = client.reset(wipe(&["IMAGECACHE-ISO"])).await.unwrap_err();
     match &err {
         Error::Status { failure, .. } => assert_eq!(

@@ -1,0 +1,189 @@
+//! The v1alpha1 Validate a node runs on every apply, configured or in
+//! maintenance (pkg/machinery/config/types/v1alpha1/v1alpha1_validation.go,
+//! pkg/machinery/config/container/container.go): refused with upstream's
+//! go-multierror text, nothing changed; warnings come back with the result.
+
+use talos_test_support as common;
+
+use common::sim::SimCluster;
+use talos_client::Error;
+use talos_client::client::{ApplyMode, ApplyRequest};
+use talos_client::maintenance::MaintenanceClient;
+use talos_sim::{TalosTiming, TalosVersion};
+
+async fn start(version: TalosVersion, workers: usize) -> SimCluster {
+    SimCluster::start_with(1, |cfg| {
+        cfg.timing = TalosTiming::scaled_down(10);
+        cfg.talos_version = version;
+        cfg.workers = workers;
+    })
+    .await
+}
+
+fn file(sim: &SimCluster, name: &str) -> String {
+    std::fs::read_to_string(sim.dir.path().join(name)).unwrap()
+}
+
+/// The message a node sends for `errors` of the v1alpha1 document.
+fn upstream(errors: &[&str]) -> String {
+    let inner = if errors.len() == 1 {
+        format!("1 error occurred:\n\t* {}\n\n", errors[0])
+    } else {
+        let points: Vec<String> = errors.iter().map(|e| format!("* {e}")).collect();
+        format!(
+            "{} errors occurred:\n\t{}\n\n",
+            errors.len(),
+            points.join("\n\t")
+        )
+    };
+    format!("1 error occurred:\n\t* v1alpha1.Config: {inner}\n\n")
+}
+
+async fn refused(client: &talos_client::Client, config: String, dry_run: bool) -> String {
+    let request = ApplyRequest::new(config, ApplyMode::Auto).with_dry_run(dry_run);
+    match client.apply_configuration(request).await {
+        Err(Error::InvalidArgument(f)) => f.message,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_invalid_endpoint_is_refused_with_upstreams_message() {
+    for version in [TalosVersion::V1_13_9, TalosVersion::V1_14_0] {
+        let sim = start(version, 0).await;
+        let node = sim.cluster.node("cp-1").unwrap();
+        let before = node.active_config();
+        let base = file(&sim, "controlplane.yaml");
+        let endpoint = base
+            .lines()
+            .find(|l| l.trim_start().starts_with("endpoint: "))
+            .unwrap()
+            .trim()
+            .to_string();
+        for (bad, error) in [
+            ("cp.example", "hostname must not be blank"),
+            (
+                "https://cp.example:70000",
+                "port number must be between 1 and 65535",
+            ),
+            (
+                "https://fd00::1:6443",
+                "IPv6 addresses MUST be enclosed by square brackets",
+            ),
+        ] {
+            let config = base.replace(&endpoint, &format!("endpoint: {bad}"));
+            for dry_run in [true, false] {
+                assert_eq!(
+                    refused(&sim.admin(), config.clone(), dry_run).await,
+                    upstream(&[&format!("invalid controlplane endpoint: {error}")]),
+                    "{version:?} {bad}"
+                );
+            }
+        }
+        assert_eq!(node.active_config(), before);
+    }
+}
+
+#[tokio::test]
+async fn every_error_is_listed_in_upstreams_order() {
+    let sim = start(TalosVersion::V1_13_9, 0).await;
+    let base = file(&sim, "controlplane.yaml");
+    // A control plane's CA key and the etcd CA are required; persist must
+    // stay on; the DNS domain must be a DNS name.
+    let config = base
+        .lines()
+        .filter(|l| {
+            !["    key: ", "    ca:", "      crt: ", "      key: "]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .map(|l| l.replace("persist: true", "persist: false"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace(
+            "  clusterName: talos-sim\n",
+            "  clusterName: talos-sim\n  network:\n    dnsDomain: bad..domain\n",
+        )
+        + "\n";
+    assert_eq!(
+        refused(&sim.admin(), config, true).await,
+        upstream(&[
+            "\"bad..domain\" is not a valid DNS name",
+            "key/cert combination should not be empty",
+            "issuing CA key is required for controlplane nodes (.machine.ca.key)",
+            ".persist should be enabled",
+        ])
+    );
+    let unknown = base.replace("type: controlplane", "type: master");
+    let message = refused(&sim.admin(), unknown, true).await;
+    assert_eq!(
+        message,
+        upstream(&[
+            "etcd config is only allowed on control plane machines",
+            "unknown machine type \"master\"",
+        ])
+    );
+    let no_cluster = base.split("\ncluster:\n").next().unwrap().to_string() + "\n";
+    assert_eq!(
+        refused(&sim.admin(), no_cluster, true).await,
+        upstream(&["cluster instructions are required"])
+    );
+}
+
+#[tokio::test]
+async fn a_worker_config_with_a_ca_key_or_etcd_is_refused_and_join_warns() {
+    let sim = start(TalosVersion::V1_13_9, 1).await;
+    let worker_ip = sim.cluster.node("worker-1").unwrap().ip.to_string();
+    let worker = sim.admin().node(worker_ip);
+    let control = file(&sim, "controlplane.yaml").replace("type: controlplane", "type: worker");
+    assert_eq!(
+        refused(&worker, control, true).await,
+        upstream(&[
+            "etcd config is only allowed on control plane machines",
+            "issuing Talos API CA key is not allowed on non-controlplane nodes (.machine.ca)",
+        ])
+    );
+    // `join` is a worker, with a warning (staged: a type change is not
+    // applied in place).
+    let join = file(&sim, "worker.yaml").replace("type: worker", "type: join");
+    let applied = worker
+        .apply_configuration(ApplyRequest::new(join, ApplyMode::Staged))
+        .await
+        .unwrap();
+    assert_eq!(
+        applied.warnings,
+        ["use \"worker\" instead of \"join\" for machine type"]
+    );
+}
+
+#[tokio::test]
+async fn maintenance_mode_runs_the_same_validation() {
+    let sim = start(TalosVersion::V1_13_9, 0).await;
+    let added = sim.cluster.add_maintenance_node().await.unwrap();
+    let fingerprint = added.maintenance_fingerprint.clone().unwrap();
+    let node = MaintenanceClient::pinned(&added.api, &[&fingerprint]).unwrap();
+    let base = file(&sim, "controlplane.yaml");
+    let no_ca: String = base
+        .lines()
+        .filter(|l| {
+            !l.starts_with("  ca:") && !l.starts_with("    crt: ") && !l.starts_with("    key: ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n";
+    for dry_run in [true, false] {
+        let request = ApplyRequest::new(no_ca.clone(), ApplyMode::Auto).with_dry_run(dry_run);
+        match node.apply_configuration(request).await {
+            Err(Error::InvalidArgument(f)) => assert_eq!(
+                f.message,
+                upstream(&[
+                    "issuing CA or some accepted CAs are required (.machine.ca, machine.acceptedCAs)",
+                    "issuing CA is required (.machine.ca)",
+                ])
+            ),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+    // Still in maintenance: the pinned API answers.
+    assert!(node.version().await.is_ok());
+}

@@ -512,7 +512,7 @@ mod tests {
         let time = time::macros::datetime!(2026-03-04 05:06:07 UTC);
         assert_eq!(
             request.default_key("10.5.0.2:50000", time),
-            "prod_a/20260304T050607Z-10.5.0.2_50000.db.zst"
+            "prod_a/20260304T050607.000Z-10.5.0.2_50000.db.zst"
         );
         request
             .recipients

@@ -183,6 +183,11 @@ pub struct ApplyFacts {
     /// changed `Layer2VIPConfig` documents (with the VIP check on).
     #[serde(default)]
     pub vips: BTreeMap<String, Vec<String>>,
+    /// Each node's boot id (`/proc/sys/kernel/random/boot_id`, read from
+    /// the node) before its TRY or reboot: a gate pass requires the same
+    /// boot, a wait for the reboot a new one. No clock is compared.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub boot_ids: BTreeMap<String, String>,
 }
 
 /// What a TRY dry run said about a node.

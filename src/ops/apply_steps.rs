@@ -16,6 +16,8 @@ use super::{Ops, OpsError, Outcome};
 use crate::client::resources::ConfigId;
 use crate::client::{ApplyMode, ApplyRequest};
 
+/// The kernel's id of the current boot.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// How long after the try window a rollback must be visible.
 const ROLLBACK_GRACE: Duration = Duration::from_secs(30);
 /// How often the gate and the waits look again.
@@ -146,6 +148,9 @@ impl Ops {
         params: &Params<'_>,
         facts: &mut ApplyFacts,
     ) -> Result<Outcome, OpsError> {
+        if let Ok(boot) = self.boot_id(node).await {
+            facts.boot_ids.insert(node.into(), boot);
+        }
         // The node starts its rollback timer after this instant, so the
         // deadline counted from here is never later than the rollback.
         let sent = now_ms();
@@ -188,6 +193,8 @@ impl Ops {
         let soak = params.soak();
         let tried = Documents::parse(&params.config)
             .map_err(|e| OpsError::step(&step_name("gate", node), e))?;
+        let boot = facts.boot_ids.get(node).cloned();
+        let boot = boot.as_deref();
         let mut attempts = 0;
         // The first pass of the current run of passes, and how many.
         let mut streak: Option<(Instant, u32)> = None;
@@ -198,7 +205,7 @@ impl Ops {
             let budget = gate_until.saturating_duration_since(started);
             let pass = match tokio::time::timeout(
                 budget,
-                self.gate_once(node, params, &tried, vips, budget),
+                self.gate_once(node, params, &tried, boot, vips, budget),
             )
             .await
             {
@@ -259,6 +266,7 @@ impl Ops {
         node: &str,
         params: &Params<'_>,
         tried: &Documents,
+        boot: Option<&str>,
         vips: &[String],
         budget: Duration,
     ) -> Result<String, String> {
@@ -267,6 +275,17 @@ impl Ops {
             .version()
             .await
             .map_err(|e| format!("{node} does not answer: {e}"))?;
+        if let Some(before) = boot {
+            let now = self
+                .boot_id(node)
+                .await
+                .map_err(|e| format!("{node}'s boot id cannot be read: {e}"))?;
+            if now != before {
+                return Err(format!(
+                    "{node} rebooted inside the try window (boot id {before} is now {now})"
+                ));
+            }
+        }
         // A node that rebooted (or rolled back) inside the window runs its
         // previous configuration: a pass on that would confirm a file that
         // was never tried.
@@ -433,6 +452,9 @@ impl Ops {
         params: &Params<'_>,
         facts: &mut ApplyFacts,
     ) -> Result<Outcome, OpsError> {
+        if let Ok(boot) = self.boot_id(node).await {
+            facts.boot_ids.insert(node.into(), boot);
+        }
         facts.reboot_sent_ms.insert(node.into(), now_ms());
         let request = ApplyRequest::new(params.config.clone(), ApplyMode::Reboot);
         let result = self.client.node(node).apply_configuration(request).await?;
@@ -460,9 +482,10 @@ impl Ops {
         let until = started + params.options.reboot_timeout;
         let mut last = String::from("not answering yet");
         while Instant::now() < until {
-            match self.booted_since(node, since).await {
+            let before = facts.boot_ids.get(node).map(String::as_str);
+            match self.booted_since(node, since, before).await {
                 Ok(true) => match self
-                    .gate_once(node, params, &applied, vips, until - Instant::now())
+                    .gate_once(node, params, &applied, None, vips, until - Instant::now())
                     .await
                 {
                     Ok(summary) if self.persisted(node, params).await.unwrap_or(false) => {
@@ -492,7 +515,28 @@ impl Ops {
     /// `Waiting` or `Preparing` event, which only a start records (health
     /// check results are recorded in the `Running` state, and one may come
     /// after the reboot was sent but before the node went down).
-    async fn booted_since(&self, node: &str, since_ms: u64) -> Result<bool, crate::Error> {
+    /// The node's boot id, read from the node.
+    async fn boot_id(&self, node: &str) -> Result<String, crate::Error> {
+        use futures::StreamExt as _;
+        let mut stream = self.client.node(node).read(BOOT_ID).await?;
+        let mut text = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            text.extend_from_slice(&chunk?);
+        }
+        Ok(String::from_utf8_lossy(&text).trim().to_string())
+    }
+
+    /// Whether the node booted since the reboot was sent: by its boot id
+    /// when one was read before, else by its etcd service's events.
+    async fn booted_since(
+        &self,
+        node: &str,
+        since_ms: u64,
+        boot_before: Option<&str>,
+    ) -> Result<bool, crate::Error> {
+        if let Some(before) = boot_before {
+            return Ok(self.boot_id(node).await? != before);
+        }
         let services = self.client.node(node).service_list().await?;
         let since = time::OffsetDateTime::UNIX_EPOCH + Duration::from_millis(since_ms);
         Ok(services.iter().filter(|s| s.id == "etcd").any(|s| {

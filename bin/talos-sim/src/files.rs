@@ -14,6 +14,10 @@ use crate::node::Node;
 /// The bytes of `path` on `node`.
 pub(crate) fn read(node: &Node, path: &str) -> Result<Vec<u8>, Status> {
     let missing = || Status::not_found(format!("stat {path}: no such file or directory"));
+    // The kernel's id of the current boot: new at every boot.
+    if path == "/proc/sys/kernel/random/boot_id" {
+        return Ok(format!("{}\n", node.boot_id()).into_bytes());
+    }
     if !crate::cosi::state_partition_mounted(node) {
         return Err(missing());
     }

@@ -91,6 +91,7 @@ pub(crate) async fn reboot(shared: &Arc<Shared>, node: &Arc<Node>, actor: &str) 
 /// its data was wiped but it still has a configuration), then its API.
 pub(crate) async fn boot(shared: &Arc<Shared>, node: &Arc<Node>) {
     // machined's event log and the kernel's ring buffer live in memory.
+    node.new_boot();
     node.runtime_events.clear();
     *node.kmsg.lock().expect("kmsg lock") = Vec::new();
     super::events::kernel_boot_messages(node);

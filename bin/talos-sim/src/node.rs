@@ -130,6 +130,7 @@ pub struct Node {
     /// machined's sequencer lock: one reboot or reset at a time.
     pub(crate) sequence_lock: tokio::sync::Mutex<()>,
     /// A read fault armed for the next snapshot: bytes sent before it.
+    boot_id: Mutex<String>,
     snapshot_fault: Mutex<Option<u64>>,
 }
 
@@ -187,6 +188,7 @@ impl Node {
             runtime_events: super::events::EventLog::new(),
             kmsg: Mutex::new(Vec::new()),
             sequence_lock: tokio::sync::Mutex::new(()),
+            boot_id: Mutex::new(new_boot_id()),
             snapshot_fault: Mutex::new(None),
         };
         for label in system_volumes(layout.version) {
@@ -421,6 +423,17 @@ impl Node {
         }
         process.set_frozen(false);
         true
+    }
+
+    /// The kernel's id of the current boot
+    /// (`/proc/sys/kernel/random/boot_id`): new at every boot.
+    pub fn boot_id(&self) -> String {
+        self.boot_id.lock().expect("boot id lock").clone()
+    }
+
+    /// A new boot: a new boot id.
+    pub(crate) fn new_boot(&self) {
+        *self.boot_id.lock().expect("boot id lock") = new_boot_id();
     }
 
     /// The node's identity (`Identities.cluster.talos.dev`, id `local`):
@@ -683,4 +696,21 @@ fn new_node_id() -> String {
         .iter()
         .map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char)
         .collect()
+}
+
+/// A random boot id, formatted as the kernel's (a UUID).
+fn new_boot_id() -> String {
+    let mut b = [0u8; 16];
+    // SAFETY: getrandom writes at most `len` bytes into the buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    assert_eq!(n, b.len() as isize, "getrandom");
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }

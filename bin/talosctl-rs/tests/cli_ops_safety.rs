@@ -305,7 +305,10 @@ async fn a_node_rebooted_inside_the_try_window_fails_the_gate() {
     match &result {
         Err(OpsError::StepFailed { step, reason }) => {
             assert!(step.starts_with("gate"), "{step}: {reason}");
-            assert!(reason.contains("tried file"), "{reason}");
+            assert!(
+                reason.contains("rebooted inside the try window"),
+                "{reason}"
+            );
         }
         other => panic!("expected the gate to fail, got {other:?}"),
     }

@@ -26,6 +26,8 @@ pub struct Overrides {
     pub metrics_addr: Option<String>,
     /// `--state-dir`.
     pub state_dir: Option<PathBuf>,
+    /// `--recover-journal`.
+    pub recover_journal: bool,
 }
 
 /// The state directory: configured, else `/var/lib/talos-opsd` as root,
@@ -52,6 +54,9 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
         .or(config.socket.clone())
         .or_else(listen::default_socket)
         .context("no socket path: set socket, --socket or $XDG_RUNTIME_DIR")?;
+    if overrides.recover_journal {
+        recover::recover_journal(&state_dir)?;
+    }
     let metrics = Metrics::new();
     let manager = Manager::new(state_dir.clone(), clusters, metrics.clone())?;
     tracing::info!(

@@ -30,6 +30,12 @@ struct Args {
     /// Where the journal and locks live (default: the file's `state_dir`).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// When the journal is empty or corrupt (the daemon refuses to start):
+    /// move it aside as `journal.sqlite.corrupt-TIME` (kept, with its WAL
+    /// files) and start a new one, without the history. A sound journal is
+    /// left as it is.
+    #[arg(long)]
+    recover_journal: bool,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -80,6 +86,7 @@ fn main() -> std::process::ExitCode {
                         socket: args.socket,
                         metrics_addr: args.metrics_addr,
                         state_dir: args.state_dir,
+                        recover_journal: args.recover_journal,
                     },
                 ))
             }),

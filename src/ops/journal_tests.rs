@@ -204,3 +204,23 @@ fn concurrent_first_opens_wait_for_each_other() {
         });
     }
 }
+
+/// The journal's files are the owner's only, also when they were created
+/// readable by others (an umask of 022, an earlier version).
+#[test]
+fn journal_files_are_made_0600() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.sqlite");
+    let first = Journal::open(dir.path()).unwrap();
+    first.create(&record("op-1", &[false])).unwrap();
+    let wal = dir.path().join("journal.sqlite-wal");
+    for file in [&path, &wal] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let _again = Journal::open(dir.path()).unwrap();
+    for file in [&path, &wal] {
+        let mode = std::fs::metadata(file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+    }
+}

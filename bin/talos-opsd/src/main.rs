@@ -68,15 +68,23 @@ fn main() -> std::process::ExitCode {
     }
     let result = match args.command {
         Some(Command::CheckConfig) => Config::load(&args.config)
-            .map(|(_, clusters)| {
+            .map_err(anyhow::Error::from)
+            .and_then(|(config, clusters)| {
+                // The TCP files as the daemon loads them: a key that does
+                // not match its certificate is refused here, not at start.
+                if let Some(tcp) = &config.tcp {
+                    talos_opsd::listen::server_tls(tcp)?;
+                }
+                Ok(clusters)
+            })
+            .map(|clusters| {
                 println!(
                     "{}: ok ({} cluster{})",
                     args.config.display(),
                     clusters.len(),
                     if clusters.len() == 1 { "" } else { "s" }
                 );
-            })
-            .map_err(anyhow::Error::from),
+            }),
         None => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
             .and_then(|rt| {

@@ -21,6 +21,11 @@ use super::OpsError;
 use super::plan::{Facts, Step};
 use super::spec::OpSpec;
 
+#[path = "journal_settle.rs"]
+mod settle;
+pub use settle::Unsaved;
+use settle::UnsavedEnd;
+
 /// The format this version writes.
 pub(crate) const FORMAT: u32 = 2;
 
@@ -190,6 +195,8 @@ impl OpRecord {
 pub struct Journal {
     conn: std::sync::Mutex<Connection>,
     path: PathBuf,
+    /// What a failed write was about to record, per operation.
+    unsaved: std::sync::Mutex<std::collections::HashMap<String, Unsaved>>,
 }
 
 pub(crate) fn now() -> String {
@@ -258,21 +265,117 @@ impl Journal {
                 path: setup_path,
                 source,
             })?;
+        // A journal is never empty once created (the switch into WAL mode
+        // writes its header at once, under the setup lock): an empty file
+        // is one that lost its contents, and is not taken for a new one.
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() == 0) {
+            return Err(OpsError::CorruptJournal {
+                path,
+                reason: "the file is empty (0 bytes), so the history it held is gone".into(),
+            });
+        }
         let conn = Connection::open(&path).map_err(|e| OpsError::journal(&path, e))?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .and_then(|()| conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"))
             .and_then(|()| conn.execute_batch(SCHEMA))
-            .map_err(|e| OpsError::journal(&path, e))?;
+            .map_err(|e| corrupt_or(&path, e))?;
         upgrade(&conn, &path)?;
         drop(setup);
+        restrict(&path)?;
         Ok(Journal {
             conn: std::sync::Mutex::new(conn),
             path,
+            unsaved: Default::default(),
         })
     }
 
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What a failed write of operation `id` was about to record, if one
+    /// failed through this journal.
+    pub fn unsaved(&self, id: &str) -> Option<Unsaved> {
+        self.unsaved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    fn remember(&self, id: &str, add: impl FnOnce(&mut Unsaved)) {
+        let mut all = self.unsaved.lock().unwrap_or_else(|e| e.into_inner());
+        add(all.entry(id.to_string()).or_default());
+    }
+
+    /// Records `settled` (made by [`OpRecord::settled`] from the journal's
+    /// own record) in one transaction: its state, facts and every step.
+    /// Returns `false`, writing nothing, when the operation is no longer
+    /// running in the journal (another process ended it meanwhile).
+    pub fn settle(&self, settled: &OpRecord) -> Result<bool, OpsError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.err(e))?;
+        let changed = tx
+            .execute(
+                "UPDATE operations SET state = ?2, facts = ?3, updated = ?4 WHERE id = ?1 AND state = 'running'",
+                params![
+                    settled.id,
+                    to_text(&settled.state),
+                    settled.facts.to_string(),
+                    settled.updated
+                ],
+            )
+            .map_err(|e| self.err(e))?;
+        if changed == 0 {
+            return Ok(false);
+        }
+        for step in &settled.steps {
+            tx.execute(
+                "UPDATE steps SET state = ?3, started = ?4, finished = ?5, duration_ms = ?6, detail = ?7 WHERE op_id = ?1 AND idx = ?2",
+                params![
+                    settled.id,
+                    step.index,
+                    to_text(&step.state),
+                    step.started,
+                    step.finished,
+                    step.duration_ms,
+                    step.detail
+                ],
+            )
+            .map_err(|e| self.err(e))?;
+        }
+        tx.commit().map_err(|e| self.err(e))?;
+        self.unsaved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&settled.id);
+        Ok(true)
+    }
+
     fn err(&self, e: rusqlite::Error) -> OpsError {
-        OpsError::journal(&self.path, e)
+        corrupt_or(&self.path, e)
+    }
+
+    /// Checks the whole database (`PRAGMA quick_check`): a journal with a
+    /// damaged page is refused here, at start, rather than answering
+    /// "malformed" to every later call.
+    pub fn check(&self) -> Result<(), OpsError> {
+        let found: Vec<String> = self
+            .conn()
+            .prepare("PRAGMA quick_check(5)")
+            .and_then(|mut s| {
+                s.query_map([], |r| r.get(0))?
+                    .collect::<Result<Vec<String>, _>>()
+            })
+            .map_err(|e| self.err(e))?;
+        match found.as_slice() {
+            [ok] if ok == "ok" => Ok(()),
+            _ => Err(OpsError::CorruptJournal {
+                path: self.path.clone(),
+                reason: format!("its integrity check failed ({})", found.join("; ")),
+            }),
+        }
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -282,9 +385,7 @@ impl Journal {
     /// Records a new operation and its planned steps, all pending.
     pub(crate) fn create(&self, record: &OpRecord) -> Result<(), OpsError> {
         let mut conn = self.conn();
-        let tx = conn
-            .transaction()
-            .map_err(|e| OpsError::journal(&self.path, e))?;
+        let tx = conn.transaction().map_err(|e| self.err(e))?;
         tx.execute(
             "INSERT INTO operations (id, kind, context, ca_fingerprint, params, facts, state, created, updated, format) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             params![
@@ -300,7 +401,7 @@ impl Journal {
                 FORMAT
             ],
         )
-        .map_err(|e| OpsError::journal(&self.path, e))?;
+        .map_err(|e| self.err(e))?;
         for step in &record.steps {
             tx.execute(
                 "INSERT INTO steps (op_id, idx, name, description, destructive, state, node, step) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -315,9 +416,9 @@ impl Journal {
                     step.step.as_ref().and_then(|s| serde_json::to_string(s).ok())
                 ],
             )
-            .map_err(|e| OpsError::journal(&self.path, e))?;
+            .map_err(|e| self.err(e))?;
         }
-        tx.commit().map_err(|e| OpsError::journal(&self.path, e))
+        tx.commit().map_err(|e| self.err(e))
     }
 
     /// Marks step `index` started (before its call is sent).
@@ -343,39 +444,62 @@ impl Journal {
         facts: &serde_json::Value,
         start_next: Option<usize>,
     ) -> Result<(), OpsError> {
+        let written = self.write_step_end(id, index, &end, facts, start_next);
+        if written.is_err() {
+            self.remember(id, |u| {
+                u.step_end = Some(UnsavedEnd {
+                    index,
+                    state: end.state,
+                    duration_ms: end.duration_ms,
+                    detail: end.detail.map(str::to_string),
+                });
+                u.facts = Some(facts.clone());
+            });
+        }
+        written
+    }
+
+    fn write_step_end(
+        &self,
+        id: &str,
+        index: usize,
+        end: &StepEnd<'_>,
+        facts: &serde_json::Value,
+        start_next: Option<usize>,
+    ) -> Result<(), OpsError> {
         let now = now();
         let mut conn = self.conn();
-        let tx = conn
-            .transaction()
-            .map_err(|e| OpsError::journal(&self.path, e))?;
+        let tx = conn.transaction().map_err(|e| self.err(e))?;
         tx.execute(
             "UPDATE steps SET state = ?3, finished = ?4, duration_ms = ?5, detail = ?6 WHERE op_id = ?1 AND idx = ?2",
             params![id, index, to_text(&end.state), now, end.duration_ms, end.detail],
         )
-        .map_err(|e| OpsError::journal(&self.path, e))?;
+        .map_err(|e| self.err(e))?;
         if let Some(next) = start_next {
             tx.execute(
                 "UPDATE steps SET state = 'running', started = ?3 WHERE op_id = ?1 AND idx = ?2",
                 params![id, next, now],
             )
-            .map_err(|e| OpsError::journal(&self.path, e))?;
+            .map_err(|e| self.err(e))?;
         }
         tx.execute(
             "UPDATE operations SET facts = ?2, updated = ?3 WHERE id = ?1",
             params![id, facts.to_string(), now],
         )
-        .map_err(|e| OpsError::journal(&self.path, e))?;
-        tx.commit().map_err(|e| OpsError::journal(&self.path, e))
+        .map_err(|e| self.err(e))?;
+        tx.commit().map_err(|e| self.err(e))
     }
 
     /// Sets the operation's state.
     pub(crate) fn set_state(&self, id: &str, state: OpState) -> Result<(), OpsError> {
-        self.conn()
-            .execute(
-                "UPDATE operations SET state = ?2, updated = ?3 WHERE id = ?1",
-                params![id, to_text(&state), now()],
-            )
-            .map_err(|e| self.err(e))?;
+        let written = self.conn().execute(
+            "UPDATE operations SET state = ?2, updated = ?3 WHERE id = ?1",
+            params![id, to_text(&state), now()],
+        );
+        if let Err(e) = written {
+            self.remember(id, |u| u.state = Some(state));
+            return Err(self.err(e));
+        }
         Ok(())
     }
 
@@ -479,16 +603,57 @@ impl Journal {
     }
 }
 
+/// A corrupt database or not a database at all is [`OpsError::CorruptJournal`];
+/// any other error is the journal's error.
+fn corrupt_or(path: &Path, e: rusqlite::Error) -> OpsError {
+    use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+    match e.sqlite_error_code() {
+        Some(DatabaseCorrupt | NotADatabase) => OpsError::CorruptJournal {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        },
+        _ => OpsError::journal(path, e),
+    }
+}
+
+/// The journal and its WAL files are the owner's only (0600), whatever
+/// the umask they were created under.
+fn restrict(path: &Path) -> Result<(), OpsError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    for file in [
+        path.to_owned(),
+        path.with_file_name(format!("{name}-wal")),
+        path.with_file_name(format!("{name}-shm")),
+    ] {
+        let Ok(meta) = std::fs::symlink_metadata(&file) else {
+            continue;
+        };
+        if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).map_err(
+                |source| OpsError::Io {
+                    path: file.clone(),
+                    source,
+                },
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// Brings a journal of format 1 to format 2 (once); refuses a journal of
 /// a later format than this version writes.
 fn upgrade(conn: &Connection, path: &Path) -> Result<(), OpsError> {
     let version: u32 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| OpsError::journal(path, e))?;
+        .map_err(|e| corrupt_or(path, e))?;
     match version {
         0 | 1 => conn
             .execute_batch(UPGRADE_TO_2)
-            .map_err(|e| OpsError::journal(path, e)),
+            .map_err(|e| corrupt_or(path, e)),
         FORMAT => Ok(()),
         later => Err(OpsError::LaterFormat {
             path: path.to_owned(),
@@ -505,76 +670,5 @@ pub(crate) struct StepEnd<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{FORMAT, Journal, OpState};
-    use crate::ops::OpsError;
-
-    /// A journal written by the previous format: its records stay listable,
-    /// and a record of that format is refused with what to do, never read
-    /// as a spec.
-    #[test]
-    fn a_journal_of_the_previous_format_is_upgraded_and_its_records_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = rusqlite::Connection::open(dir.path().join("journal.sqlite")).unwrap();
-        conn.execute_batch(super::SCHEMA).unwrap();
-        conn.execute_batch(
-            r#"INSERT INTO operations VALUES ('20250101T000000-abc', 'retire', 'c', 'fp',
-                 '{"node":"cp-1","wipe":["STATE"],"silence_timeout_s":120}',
-                 '{"address":"10.0.0.1","member_id":"00000000000000aa"}', 'running', 't', 't');
-               INSERT INTO steps (op_id, idx, name, description, destructive, state)
-                 VALUES ('20250101T000000-abc', 0, 'leave', 'leave', 1, 'running');"#,
-        )
-        .unwrap();
-        drop(conn);
-        let journal = Journal::open(dir.path()).unwrap();
-        let records = journal.list(None).unwrap();
-        assert_eq!(records.len(), 1);
-        let old = &records[0];
-        assert_eq!((old.format, old.state), (1, OpState::Running));
-        assert_eq!(old.steps[0].name, "leave");
-        let refused = old.spec().unwrap_err();
-        assert!(
-            matches!(refused, OpsError::EarlierFormat { format: 1, .. }),
-            "{refused:?}"
-        );
-        assert!(refused.to_string().contains("abandon it"), "{refused}");
-        assert!(old.typed_steps().is_err());
-        // Opening again changes nothing more.
-        drop(journal);
-        let again = Journal::open(dir.path()).unwrap();
-        assert_eq!(again.get("2025").unwrap().format, 1);
-        let version: u32 = again
-            .conn()
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(version, FORMAT);
-    }
-
-    /// Processes that open a new journal at the same moment (an `ops list`
-    /// beside the operation that creates it) wait for each other instead of
-    /// failing with "database is locked".
-    #[test]
-    fn concurrent_first_opens_wait_for_each_other() {
-        for _ in 0..40 {
-            let dir = tempfile::tempdir().unwrap();
-            let barrier = std::sync::Barrier::new(6);
-            std::thread::scope(|s| {
-                let handles: Vec<_> = (0..6)
-                    .map(|_| {
-                        s.spawn(|| {
-                            barrier.wait();
-                            Journal::open(dir.path())
-                                .and_then(|journal| journal.list(None))
-                                .map(|_| ())
-                        })
-                    })
-                    .collect();
-                for h in handles {
-                    if let Err(e) = h.join().unwrap() {
-                        panic!("{e}");
-                    }
-                }
-            });
-        }
-    }
-}
+#[path = "journal_tests.rs"]
+mod tests;

@@ -73,7 +73,7 @@ pub use drill::{DrillFacts, DrillStep};
 pub use guard::check_plain_reset;
 pub use identity::TargetIdentity;
 pub use join::{JoinFacts, JoinStep, PlannedMaintenance};
-pub use journal::{Journal, OpRecord, OpState, StepRecord, StepState};
+pub use journal::{Journal, OpRecord, OpState, StepRecord, StepState, Unsaved};
 pub use lock::ClusterLock;
 pub use migrate::{MigrateFacts, MigrateStep};
 pub use plan::{Facts, Plan, PlannedStep, Step};
@@ -234,6 +234,18 @@ pub enum OpsError {
         /// The SQLite error.
         #[source]
         source: rusqlite::Error,
+    },
+    /// The journal is empty where one existed, or corrupt: nothing is
+    /// read from it, and nothing is written.
+    #[error(
+        "journal {} cannot be trusted: {reason}. Stop everything that uses this state directory and keep a copy of the file; then restore it from a backup, or move it aside (talos-opsd --recover-journal does so, keeping it as {}.corrupt-TIME) to start a new journal without the history",
+        .path.display(), .path.display()
+    )]
+    CorruptJournal {
+        /// The database file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A file or directory operation failed.
     #[error("{}: {source}", .path.display())]

@@ -26,6 +26,8 @@ pub struct Overrides {
     pub metrics_addr: Option<String>,
     /// `--state-dir`.
     pub state_dir: Option<PathBuf>,
+    /// `--recover-journal`.
+    pub recover_journal: bool,
 }
 
 /// The state directory: configured, else `/var/lib/talos-opsd` as root,
@@ -52,6 +54,9 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
         .or(config.socket.clone())
         .or_else(listen::default_socket)
         .context("no socket path: set socket, --socket or $XDG_RUNTIME_DIR")?;
+    if overrides.recover_journal {
+        recover::recover_journal(&state_dir)?;
+    }
     let metrics = Metrics::new();
     let manager = Manager::new(state_dir.clone(), clusters, metrics.clone())?;
     tracing::info!(
@@ -98,6 +103,7 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
     let unix_server = tokio::spawn(
         tonic::transport::Server::builder()
             .max_concurrent_streams(crate::accept::MAX_STREAMS_PER_CONNECTION)
+            .layer(tower::util::MapResponseLayer::new(undecodable_is_invalid))
             .add_service(service.clone())
             .serve_with_incoming_shutdown(
                 crate::accept::unix_incoming(unix),
@@ -108,6 +114,7 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
         tokio::spawn(
             tonic::transport::Server::builder()
                 .max_concurrent_streams(crate::accept::MAX_STREAMS_PER_CONNECTION)
+                .layer(tower::util::MapResponseLayer::new(undecodable_is_invalid))
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())),
         )
@@ -171,4 +178,27 @@ fn ready() {
     if let Err(e) = sent {
         tracing::warn!("sd_notify: {e}");
     }
+}
+
+/// A request whose message does not decode is the caller's error: tonic
+/// answers it `INTERNAL` ("failed to decode Protobuf message"), which this
+/// turns into `INVALID_ARGUMENT`, one code for malformed input in every
+/// call. The status of such a refusal is in the response's headers (a
+/// trailers-only response, sent before any handler runs).
+fn undecodable_is_invalid<B>(
+    mut response: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    use tonic::codegen::http::HeaderValue;
+    let headers = response.headers_mut();
+    let internal = headers.get("grpc-status").is_some_and(|s| s == "13");
+    let undecodable = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .is_some_and(|m| {
+            m.starts_with("failed%20to%20decode") || m.starts_with("failed to decode")
+        });
+    if internal && undecodable {
+        headers.insert("grpc-status", HeaderValue::from_static("3"));
+    }
+    response
 }

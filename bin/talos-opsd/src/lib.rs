@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod recover;
 pub mod schedule;
 pub mod service;
+mod settle;
 
 /// The generated API (`proto/opsd/v1/opsd.proto`), from the API crate
 /// that clients share.

@@ -30,6 +30,12 @@ struct Args {
     /// Where the journal and locks live (default: the file's `state_dir`).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// When the journal is empty or corrupt (the daemon refuses to start):
+    /// move it aside as `journal.sqlite.corrupt-TIME` (kept, with its WAL
+    /// files) and start a new one, without the history. A sound journal is
+    /// left as it is.
+    #[arg(long)]
+    recover_journal: bool,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -62,15 +68,23 @@ fn main() -> std::process::ExitCode {
     }
     let result = match args.command {
         Some(Command::CheckConfig) => Config::load(&args.config)
-            .map(|(_, clusters)| {
+            .map_err(anyhow::Error::from)
+            .and_then(|(config, clusters)| {
+                // The TCP files as the daemon loads them: a key that does
+                // not match its certificate is refused here, not at start.
+                if let Some(tcp) = &config.tcp {
+                    talos_opsd::listen::server_tls(tcp)?;
+                }
+                Ok(clusters)
+            })
+            .map(|clusters| {
                 println!(
                     "{}: ok ({} cluster{})",
                     args.config.display(),
                     clusters.len(),
                     if clusters.len() == 1 { "" } else { "s" }
                 );
-            })
-            .map_err(anyhow::Error::from),
+            }),
         None => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
             .and_then(|rt| {
@@ -80,6 +94,7 @@ fn main() -> std::process::ExitCode {
                         socket: args.socket,
                         metrics_addr: args.metrics_addr,
                         state_dir: args.state_dir,
+                        recover_journal: args.recover_journal,
                     },
                 ))
             }),

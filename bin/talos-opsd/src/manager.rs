@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use talos_client::Client;
-use talos_client::ops::{Event, OpRecord, OpSpec, Ops, OpsError, Plan, Refusal, StopHandle};
+use talos_client::ops::{
+    Event, OpRecord, OpSpec, OpState, Ops, OpsError, Plan, Refusal, StopHandle, Unsaved,
+};
 use talos_opsd_api::{event_to_proto, state_name};
 use tokio::sync::{oneshot, watch};
 
@@ -43,6 +45,10 @@ pub struct Manager {
     /// The metrics.
     pub metrics: Metrics,
     catalogue: Mutex<Catalogue>,
+    /// Operations whose run ended with a journal write failing and whose
+    /// end could not be recorded yet, by id: recorded before the next
+    /// plan or start on their cluster.
+    pub(crate) unsettled: Mutex<HashMap<String, crate::settle::Unsettled>>,
 }
 
 /// Why a plan or a start was refused (mapped to gRPC codes by the
@@ -58,6 +64,17 @@ pub enum StartError {
     /// The daemon is shutting down.
     #[error("the daemon is shutting down")]
     ShuttingDown,
+    /// An earlier operation's end could not be journaled, and the journal
+    /// still refuses writes.
+    #[error(
+        "operation {id} ended when the journal could not be written, and its end cannot be recorded yet ({error}): free space on the state directory's file system or end what holds the journal locked, then try again"
+    )]
+    JournalUnwritable {
+        /// The operation.
+        id: String,
+        /// The journal's error now.
+        error: String,
+    },
 }
 
 impl Manager {
@@ -67,7 +84,9 @@ impl Manager {
         clusters: Vec<ResolvedCluster>,
         metrics: Metrics,
     ) -> anyhow::Result<Arc<Manager>> {
-        talos_client::ops::Journal::open(&state_dir)?;
+        // The whole journal is checked once, at start: a damaged one is
+        // refused here with what to do, not met by every later call.
+        talos_client::ops::Journal::open(&state_dir)?.check()?;
         let catalogue = Catalogue::open(&state_dir)?;
         let manager = Manager {
             state_dir,
@@ -77,6 +96,7 @@ impl Manager {
             stopping: AtomicBool::new(false),
             metrics,
             catalogue: Mutex::new(catalogue),
+            unsettled: Mutex::new(HashMap::new()),
         };
         manager.set_clusters(clusters);
         Ok(Arc::new(manager))
@@ -160,12 +180,17 @@ impl Manager {
         Ok(ops)
     }
 
+    /// The cluster to plan, start or resume on, once every earlier
+    /// operation on it is recorded as ended.
     fn resolve(&self, cluster: &str) -> Result<ResolvedCluster, StartError> {
         if self.is_stopping() {
             return Err(StartError::ShuttingDown);
         }
-        self.cluster(cluster)
-            .ok_or_else(|| StartError::UnknownCluster(cluster.to_string()))
+        let resolved = self
+            .cluster(cluster)
+            .ok_or_else(|| StartError::UnknownCluster(cluster.to_string()))?;
+        self.settle_unsettled(&resolved)?;
+        Ok(resolved)
     }
 
     /// Plans `spec` on `cluster` and changes nothing: refused as a start
@@ -264,6 +289,7 @@ impl Manager {
             let mut id = None::<String>;
             let mut observe = |event: Event<'_>| {
                 crash_hook(&event);
+                crate::settle::journal_busy_hook(&event, &manager.state_dir);
                 if let Event::Started { id: started } = event {
                     id = Some(started.to_string());
                     manager
@@ -294,7 +320,8 @@ impl Manager {
                 }
                 return;
             };
-            manager.finish(&cluster, &id, &running, result, began);
+            let unsaved = ops.journal().unsaved(&id);
+            manager.finish(&cluster, &id, &running, result, unsaved, began);
         });
         match started_rx.await {
             Ok(result) => Ok(result?),
@@ -312,10 +339,16 @@ impl Manager {
         id: &str,
         running: &Running,
         result: Result<OpRecord, OpsError>,
+        unsaved: Option<Unsaved>,
         began: Instant,
     ) {
         let name = &cluster.config.name;
-        let record = self.journal().and_then(|j| j.get(id));
+        let mut record = self.journal().and_then(|j| j.get(id));
+        if let (Err(error @ OpsError::Journal { .. }), Ok(durable)) = (&result, &record)
+            && durable.state == OpState::Running
+        {
+            record = Ok(self.settle_failed(cluster, durable, &error.to_string(), unsaved));
+        }
         let (state, error) = match (&result, &record) {
             (Ok(r), _) => (state_name(r.state), String::new()),
             (Err(e), Ok(r)) => (state_name(r.state), e.to_string()),
@@ -357,23 +390,15 @@ impl Manager {
         let name = &cluster.config.name;
         if !ok {
             self.metrics.snapshot_failed(name);
+            // A verified snapshot the journal names (the operation failed
+            // after it, at retention say) is catalogued all the same.
+            self.catalogue_snapshot(name, record);
             return;
         }
-        let Some(path) = record.facts["snapshot"].as_str().map(PathBuf::from) else {
-            return;
-        };
-        let sidecar = PathBuf::from(format!("{}.json", path.display()));
-        let meta = std::fs::read(&sidecar).ok().and_then(|b| {
-            serde_json::from_slice::<talos_client::snapshot::SnapshotMetadata>(&b).ok()
-        });
-        let Some(meta) = meta else {
-            tracing::warn!(cluster = %name, path = %path.display(), "snapshot sidecar unreadable: not catalogued");
+        let Some((path, meta)) = self.catalogue_snapshot(name, record) else {
             return;
         };
         let catalogue = self.catalogue();
-        if let Err(e) = catalogue.add(name, &record.id, &path, &meta) {
-            tracing::error!(cluster = %name, "{e}");
-        }
         self.metrics
             .snapshot_succeeded(name, meta.report.size, began.elapsed());
         if let Err(e) = catalogue.prune_missing(name) {
@@ -392,6 +417,31 @@ impl Manager {
                 Err(e) => tracing::error!(cluster = %name, "expiring snapshots: {e}"),
             }
         }
+    }
+
+    /// Catalogues the verified snapshot `record`'s facts name, if any;
+    /// returns its path and metadata.
+    pub(crate) fn catalogue_snapshot(
+        &self,
+        name: &str,
+        record: &OpRecord,
+    ) -> Option<(PathBuf, talos_client::snapshot::SnapshotMetadata)> {
+        if record.kind != talos_client::ops::OpKind::Snapshot.name() {
+            return None;
+        }
+        let path = record.facts["snapshot"].as_str().map(PathBuf::from)?;
+        let sidecar = PathBuf::from(format!("{}.json", path.display()));
+        let meta = std::fs::read(&sidecar).ok().and_then(|b| {
+            serde_json::from_slice::<talos_client::snapshot::SnapshotMetadata>(&b).ok()
+        });
+        let Some(meta) = meta else {
+            tracing::warn!(cluster = %name, path = %path.display(), "snapshot sidecar unreadable: not catalogued");
+            return None;
+        };
+        if let Err(e) = self.catalogue().add(name, &record.id, &path, &meta) {
+            tracing::error!(cluster = %name, "{e}");
+        }
+        Some((path, meta))
     }
 
     /// Stops taking work and parks every running operation at its next
@@ -481,7 +531,7 @@ fn crash_hook(event: &Event<'_>) {
 }
 
 /// `NAME` or `NAME NODE`, as the journal's step labels read.
-fn label(name: &str, node: Option<&str>) -> String {
+pub(crate) fn label(name: &str, node: Option<&str>) -> String {
     match node {
         Some(node) => format!("{name} {node}"),
         None => name.to_string(),

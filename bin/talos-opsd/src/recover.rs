@@ -1,6 +1,7 @@
 //! After a crash: operations left running in the journal are reconciled
 //! and continued through `Ops::resume` where every step has a reconciler;
-//! the others are marked needs-attention with their exact state.
+//! the others are marked needs-attention with their exact state. And
+//! `--recover-journal`: a journal that cannot be trusted is moved aside.
 
 use std::sync::Arc;
 
@@ -61,4 +62,48 @@ pub async fn recover(manager: &Arc<Manager>) {
             }
         }
     }
+}
+
+/// `--recover-journal`: a journal that is empty or corrupt is moved aside
+/// (with its WAL files) as `journal.sqlite.corrupt-TIME`, so that the
+/// daemon starts with a new one; a sound journal is left alone.
+pub fn recover_journal(state_dir: &std::path::Path) -> anyhow::Result<()> {
+    use talos_client::ops::{Journal, OpsError};
+    let path = match Journal::open(state_dir).and_then(|j| j.check()) {
+        Ok(()) => {
+            tracing::info!(state_dir = %state_dir.display(), "--recover-journal: the journal is sound; nothing to recover");
+            return Ok(());
+        }
+        Err(OpsError::CorruptJournal { path, reason }) => {
+            tracing::warn!(journal = %path.display(), "--recover-journal: {reason}");
+            path
+        }
+        Err(other) => return Err(other.into()),
+    };
+    let now = time::OffsetDateTime::now_utc();
+    let stamp = format!(
+        "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+        now.year(),
+        u8::from(now.month()),
+        now.day(),
+        now.hour(),
+        now.minute(),
+        now.second()
+    );
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("journal.sqlite")
+        .to_string();
+    for suffix in ["", "-wal", "-shm"] {
+        let from = path.with_file_name(format!("{name}{suffix}"));
+        if !from.exists() {
+            continue;
+        }
+        let to = path.with_file_name(format!("{name}.corrupt-{stamp}{suffix}"));
+        std::fs::rename(&from, &to)
+            .map_err(|e| anyhow::anyhow!("moving {} aside: {e}", from.display()))?;
+        tracing::warn!(target: "audit", who = "talos-opsd", from = %from.display(), to = %to.display(), "--recover-journal: the journal was moved aside; a new one starts without the history");
+    }
+    Ok(())
 }

@@ -28,6 +28,7 @@ impl Service {
     }
 
     fn record(&self, record: &OpRecord, notes: Vec<String>) -> proto::Operation {
+        let record = &self.manager.as_recorded(record.clone());
         record_to_proto(
             record,
             self.manager
@@ -151,7 +152,9 @@ fn status_of_start(error: StartError) -> Status {
     match error {
         StartError::Ops(e) => status_of(e),
         e @ StartError::UnknownCluster(_) => Status::not_found(e.to_string()),
-        e @ StartError::ShuttingDown => Status::unavailable(e.to_string()),
+        e @ (StartError::ShuttingDown | StartError::JournalUnwritable { .. }) => {
+            Status::unavailable(e.to_string())
+        }
     }
 }
 
@@ -258,9 +261,10 @@ impl proto::opsd_server::Opsd for Service {
                 .and_then(|j| j.list(fingerprint.as_deref()))
                 .map_err(status_of)?;
             let operations = records
-                .iter()
+                .into_iter()
+                .map(|r| self.manager.as_recorded(r))
                 .filter(|r| filter.state.is_empty() || state_name(r.state) == filter.state)
-                .map(|r| self.record(r, Vec::new()))
+                .map(|r| self.record(&r, Vec::new()))
                 .collect();
             Ok(Response::new(proto::ListOperationsResponse { operations }))
         })();

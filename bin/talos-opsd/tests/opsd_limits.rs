@@ -229,3 +229,47 @@ async fn oversized_inputs_are_refused_short_and_logged_short() {
     let longest = log.lines().map(str::len).max().unwrap_or(0);
     assert!(longest < 4096, "an audit line of {longest} bytes");
 }
+
+/// A message whose field 1 is a number where a string is due.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Undecodable {
+    #[prost(uint64, tag = "1")]
+    id: u64,
+}
+
+/// A request that does not decode as the call's message is malformed
+/// input, `INVALID_ARGUMENT`, as every other; never `INTERNAL`.
+#[tokio::test]
+async fn an_undecodable_request_is_invalid_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), "").await;
+    let channel = daemon::connect_unix_channel(&d.socket).await;
+    for path in [
+        "/opsd.v1.Opsd/GetOperation",
+        "/opsd.v1.Opsd/ListOperations",
+        "/opsd.v1.Opsd/StartOperation",
+    ] {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        grpc.ready().await.unwrap();
+        let refused = grpc
+            .unary::<_, Undecodable, _>(
+                tonic::Request::new(Undecodable { id: 7 }),
+                tonic::codegen::http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::InvalidArgument,
+            "{path}: {refused:?}"
+        );
+        assert!(refused.message().contains("decode"), "{path}: {refused:?}");
+    }
+    // Still serving.
+    d.client()
+        .await
+        .list_operations(ListOperationsRequest::default())
+        .await
+        .unwrap();
+}

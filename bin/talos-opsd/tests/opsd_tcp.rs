@@ -131,3 +131,43 @@ async fn tcp_requires_a_client_certificate_from_its_own_ca() {
     assert!(log.contains("CN=alice"), "audited by subject: {log}");
     assert!(!log.contains("PRIVATE KEY"), "{log}");
 }
+
+/// `check-config` loads the TCP files as the daemon does: a key that is
+/// not the certificate's is refused naming them; the matching key passes.
+#[test]
+fn check_config_refuses_a_tcp_key_that_does_not_match_its_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let server_ca = ca("opsd server CA");
+    let (cert, key) = leaf(&server_ca, "opsd", true);
+    let (_, other_key) = leaf(&server_ca, "another", true);
+    let check = |key: &str| {
+        let config = write(
+            dir.path(),
+            "config.toml",
+            &format!(
+                "state_dir = {:?}\nsocket = {:?}\n[tcp]\nlisten = \"127.0.0.1:1\"\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n",
+                dir.path().join("state"),
+                dir.path().join("opsd.sock"),
+                write(dir.path(), "server.crt", &cert),
+                write(dir.path(), "server.key", key),
+                write(dir.path(), "clients.crt", &server_ca.pem),
+            ),
+        );
+        std::process::Command::new(talos_test_support::cli::cargo_bin("talos-opsd"))
+            .arg("--config")
+            .arg(&config)
+            .arg("check-config")
+            .output()
+            .unwrap()
+    };
+    let refused = check(&other_key);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("tcp.cert and tcp.key"), "{stderr}");
+    let ok = check(&key);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}

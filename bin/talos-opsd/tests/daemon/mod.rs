@@ -149,8 +149,13 @@ impl Drop for Daemon {
 
 /// A gRPC client over a Unix socket.
 pub async fn connect_unix(path: &Path) -> OpsdClient<Channel> {
+    OpsdClient::new(connect_unix_channel(path).await)
+}
+
+/// A channel over a Unix socket.
+pub async fn connect_unix_channel(path: &Path) -> Channel {
     let path = path.to_owned();
-    let channel = Endpoint::try_from("http://opsd.invalid")
+    Endpoint::try_from("http://opsd.invalid")
         .unwrap()
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
@@ -161,8 +166,7 @@ pub async fn connect_unix(path: &Path) -> OpsdClient<Channel> {
             }
         }))
         .await
-        .unwrap();
-    OpsdClient::new(channel)
+        .unwrap()
 }
 
 /// A `[[cluster]]` table for a simulated cluster.

@@ -47,6 +47,10 @@ pub struct Config {
     pub metrics_addr: Option<String>,
     /// An optional TCP listener with mutual TLS.
     pub tcp: Option<TcpConfig>,
+    /// How old a leave, removal or reset in flight at a crash may be for
+    /// the daemon to resume it unattended at start (default 10m); an older
+    /// one is marked needs-attention: a person decides.
+    pub resume_within: Option<HumanDuration>,
     /// The clusters managed.
     #[serde(default, rename = "cluster")]
     pub clusters: Vec<ClusterConfig>,

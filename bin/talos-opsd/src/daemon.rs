@@ -91,7 +91,11 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
         None => None,
     };
 
-    recover::recover(&manager).await;
+    let within = config
+        .resume_within
+        .as_ref()
+        .map_or(recover::DEFAULT_RESUME_WITHIN, |d| d.0);
+    recover::recover(&manager, within).await;
     let generation = Arc::new(AtomicU64::new(0));
     schedule::start(&manager, &generation);
 

@@ -5,23 +5,50 @@
 
 use std::sync::Arc;
 
-use talos_client::ops::{OpRecord, OpState};
+use std::time::Duration;
+
+use talos_client::ops::{OpRecord, OpState, StepState};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 use crate::manager::{Manager, fingerprint_of};
 
+/// How old an irreversible step in flight may be for an unattended resume,
+/// unless the configuration says otherwise (`resume_within`).
+pub const DEFAULT_RESUME_WITHIN: Duration = Duration::from_secs(600);
+
+/// The steps that cannot be undone: resumed unattended only while fresh.
+const IRREVERSIBLE: &[&str] = &["leave", "remove", "reset"];
+
 /// Whether an interrupted operation can be continued unattended. An apply
 /// with a step in flight may have outlived its TRY window while nobody
-/// watched: a person decides.
-fn safe_to_resume(record: &OpRecord) -> bool {
+/// watched; a leave, removal or reset in flight longer ago than `within`
+/// may meet another machine at the address, or a cluster that moved on:
+/// a person decides. `now` is the wall clock (the journal's times are).
+fn safe_to_resume(record: &OpRecord, within: Duration, now: OffsetDateTime) -> bool {
+    let fresh = || {
+        record
+            .steps
+            .iter()
+            .filter(|s| IRREVERSIBLE.contains(&s.name.as_str()))
+            .filter(|s| s.state == StepState::Running)
+            .all(|s| {
+                s.started
+                    .as_deref()
+                    .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
+                    .is_some_and(|t| now - t <= within)
+            })
+    };
     match record.kind.as_str() {
-        "snapshot" | "retire" | "join" | "migrate" => true,
+        "snapshot" | "join" => true,
+        "retire" | "migrate" => fresh(),
         "apply" => record.in_flight().is_none_or(|s| !s.destructive),
         _ => false,
     }
 }
 
 /// Resumes or flags every interrupted operation of the configured clusters.
-pub async fn recover(manager: &Arc<Manager>) {
+pub async fn recover(manager: &Arc<Manager>, within: Duration) {
     let journal = match manager.journal() {
         Ok(j) => j,
         Err(e) => {
@@ -43,7 +70,7 @@ pub async fn recover(manager: &Arc<Manager>) {
                 .in_flight()
                 .map(|s| format!("step {:?} in flight", s.name))
                 .unwrap_or_else(|| "between steps".into());
-            if safe_to_resume(&op) {
+            if safe_to_resume(&op, within, OffsetDateTime::now_utc()) {
                 match manager.resume(&name, &op.id).await {
                     Ok(id) => {
                         tracing::info!(target: "audit", who = "talos-opsd", cluster = %name, op = %id, "resuming an interrupted {} ({at})", op.kind)
@@ -106,4 +133,50 @@ pub fn recover_journal(state_dir: &std::path::Path) -> anyhow::Result<()> {
         tracing::warn!(target: "audit", who = "talos-opsd", from = %from.display(), to = %to.display(), "--recover-journal: the journal was moved aside; a new one starts without the history");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A retire interrupted with its leave in flight since `started`.
+    fn retire_in_leave(started: &str) -> OpRecord {
+        serde_json::from_value(serde_json::json!({
+            "id": "op", "kind": "retire", "context": "c", "ca_fingerprint": "f",
+            "params": {}, "facts": {}, "format": 2, "state": "running",
+            "created": started, "updated": started,
+            "steps": [
+                {"index": 0, "name": "snapshot", "description": "", "destructive": false,
+                 "state": "done", "started": started, "finished": started,
+                 "duration_ms": 1, "detail": null},
+                {"index": 1, "name": "leave", "description": "", "destructive": true,
+                 "state": "running", "started": started, "finished": null,
+                 "duration_ms": null, "detail": null}
+            ]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_irreversible_step_in_flight_is_resumed_only_while_fresh() {
+        let now = OffsetDateTime::parse("2026-12-05T12:00:00Z", &Rfc3339).unwrap();
+        let within = Duration::from_secs(600);
+        assert!(safe_to_resume(
+            &retire_in_leave("2026-12-05T11:55:00Z"),
+            within,
+            now
+        ));
+        assert!(!safe_to_resume(
+            &retire_in_leave("2026-12-05T11:00:00Z"),
+            within,
+            now
+        ));
+        // An unreadable start time is no proof of freshness.
+        assert!(!safe_to_resume(&retire_in_leave("yesterday"), within, now));
+        assert!(safe_to_resume(
+            &retire_in_leave("2026-12-05T11:00:00Z"),
+            Duration::from_secs(7200),
+            now
+        ));
+    }
 }

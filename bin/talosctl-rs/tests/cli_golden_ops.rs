@@ -208,6 +208,11 @@ fn golden_dir() -> PathBuf {
 fn normalise(text: &str, table: bool) -> String {
     let rules = [
         (r"/tmp/[^\s\x22,;)]+", "<PATH>"),
+        // Boot ids.
+        (
+            r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+            "<UUID>",
+        ),
         (r"\b[0-9a-f]{64}\b", "<SHA256>"),
         // Certificates, keys (the simulator's, in the dry run's diff) and
         // SPKI fingerprints: generated for each run.

@@ -2,7 +2,7 @@
 # The main job on a fresh machine: the seeds' night on a simulated
 # three-node Talos control plane (real etcd members). Write data, take a
 # verified snapshot with `ops snapshot`, retire one node with `ops retire`
-# (snapshot, forfeit, leave, reset at once, wait until silent; each step and
+# (snapshot, a fresh check, forfeit, leave, reset at once, wait until silent; each step and
 # the leave-to-reset gap printed), then show the two voters left.
 # Everything is written under a temporary directory (or $1), and the cluster
 # is stopped at the end.

@@ -775,3 +775,61 @@ fn reset_request(wipe: &[String]) -> ResetRequest {
         mode: WipeMode::SystemDisk,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{EtcdMember, EtcdMemberStatus};
+
+    /// Voter `cp-N` (member id N) whose raft index is `index`.
+    fn voter(n: u64, index: u64) -> (EtcdMember, Result<EtcdMemberStatus, crate::Error>) {
+        let member = EtcdMember {
+            id: MemberId(n),
+            hostname: format!("cp-{n}"),
+            peer_urls: vec![format!("https://10.0.0.{n}:2380")],
+            client_urls: Vec::new(),
+            is_learner: false,
+        };
+        let status = EtcdMemberStatus {
+            member_id: MemberId(n),
+            protocol_version: String::new(),
+            storage_version: String::new(),
+            db_size: 0,
+            db_size_in_use: 0,
+            leader: MemberId(1),
+            raft_index: index,
+            raft_term: 2,
+            raft_applied_index: index,
+            errors: Vec::new(),
+            is_learner: false,
+        };
+        (member, Ok(status))
+    }
+
+    fn view(indexes: &[u64]) -> ClusterView {
+        let statuses: Vec<_> = indexes
+            .iter()
+            .enumerate()
+            .map(|(i, index)| voter(i as u64 + 1, *index))
+            .collect();
+        ClusterView {
+            members: statuses.iter().map(|(m, _)| m.clone()).collect(),
+            statuses,
+            disagreements: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_survivor_trailing_by_more_than_the_bound_is_named() {
+        // Within the bound: nothing to say.
+        assert_eq!(raft_lag(&view(&[5000, 4500, 4900]), MemberId(3)), None);
+        // cp-2 trails cp-1 by 1500 entries.
+        let lag = raft_lag(&view(&[5000, 3500, 4900]), MemberId(3)).unwrap();
+        assert!(
+            lag.starts_with("cp-2 trails") && lag.contains("1500"),
+            "{lag}"
+        );
+        // The leaving member's own lag does not count.
+        assert_eq!(raft_lag(&view(&[5000, 4990, 10]), MemberId(3)), None);
+    }
+}

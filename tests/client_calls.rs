@@ -157,6 +157,29 @@ async fn server_streaming_snapshot_arrives_intact() {
     );
 }
 
+/// The endpoint in use goes away between two calls: the snapshot stream is
+/// opened through the next endpoint, as a unary read would be, instead of
+/// failing with the broken connection's "transport error".
+#[tokio::test]
+async fn a_snapshot_stream_fails_over_when_its_endpoint_breaks() {
+    let pki = TestPki::new();
+    let first = TestServer::start(&pki, "cp-1").await;
+    let second = TestServer::start(&pki, "cp-2").await;
+    *second.state.snapshot_size.lock().unwrap() = 4096;
+    let client = client(&pki, vec![first.endpoint(), second.endpoint()]);
+    assert_eq!(client.hostname().await.unwrap(), "cp-1");
+    first.cut();
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("snap.db");
+    let stream = client.node("10.5.0.3").etcd_snapshot().await.unwrap();
+    let written = talos_test_support::stream_to_file(stream, &path)
+        .await
+        .unwrap();
+    assert_eq!(written, 4096);
+    assert_eq!(client.hostname().await.unwrap(), "cp-2");
+}
+
 #[tokio::test]
 async fn client_streaming_recover_uploads_every_byte() {
     let pki = TestPki::new();

@@ -325,13 +325,48 @@ impl Client<One> {
         path: &'static str,
         request: &impl prost::Message,
     ) -> Result<ByteStream> {
-        use tower::ServiceExt as _;
-        let (_, transport, node) = self.transport(&self.target, None).await?;
         let message = request.encode_to_vec();
         let mut framed = Vec::with_capacity(5 + message.len());
         framed.push(0);
         framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
         framed.extend_from_slice(&message);
+        let framed = Bytes::from(framed);
+        // A connection that broke under the endpoint in use fails the
+        // request before any answer: the channel is dropped and the stream
+        // opened once more through the next endpoint, as a unary read is
+        // retried (these streams only read).
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (index, transport, node) = self.transport(&self.target, None).await?;
+            match self
+                .open_data_stream(path, framed.clone(), transport, &node)
+                .await
+            {
+                Err(OpenError::Transport(e)) if attempt == 1 => {
+                    tracing::debug!(error = %e, "stream not opened; trying the next endpoint");
+                    self.conn.mark_failed(index).await;
+                }
+                Err(OpenError::Transport(e)) => {
+                    return Err(Error::from_status(
+                        &tonic::Status::from_error(e),
+                        Some(&node),
+                    ));
+                }
+                Err(OpenError::Other(e)) => return Err(e),
+                Ok(inner) => return Ok(ByteStream { inner, node }),
+            }
+        }
+    }
+
+    async fn open_data_stream(
+        &self,
+        path: &'static str,
+        framed: Bytes,
+        transport: super::Transport,
+        node: &str,
+    ) -> std::result::Result<DataStream, OpenError> {
+        use tower::ServiceExt as _;
         // The request tonic's generated client would send.
         let request = http::Request::builder()
             .method(http::Method::POST)
@@ -339,18 +374,18 @@ impl Client<One> {
             .uri(path)
             .header(http::header::TE, "trailers")
             .header(http::header::CONTENT_TYPE, "application/grpc")
-            .body(tonic::body::Body::new(http_body_util::Full::new(
-                Bytes::from(framed),
-            )))
+            .body(tonic::body::Body::new(http_body_util::Full::new(framed)))
             .map_err(|e| {
-                Error::from_status(&tonic::Status::internal(e.to_string()), Some(&node))
+                OpenError::Other(Error::from_status(
+                    &tonic::Status::internal(e.to_string()),
+                    Some(node),
+                ))
             })?;
         let response = transport
             .oneshot(request)
             .await
-            .map_err(|e| Error::from_status(&tonic::Status::from_error(e.into()), Some(&node)))?;
-        let inner = DataStream::new(response).map_err(|s| Error::from_status(&s, Some(&node)))?;
-        Ok(ByteStream { inner, node })
+            .map_err(|e| OpenError::Transport(e.into()))?;
+        DataStream::new(response).map_err(|s| OpenError::Other(Error::from_status(&s, Some(node))))
     }
 
     /// Uploads a snapshot for a later [`bootstrap`](Client::bootstrap) with
@@ -409,4 +444,12 @@ impl Stream for ByteStream {
             })
         })
     }
+}
+
+/// Why a data stream did not open.
+enum OpenError {
+    /// The connection failed under the request: nothing was answered.
+    Transport(Box<dyn std::error::Error + Send + Sync>),
+    /// The node answered with an error.
+    Other(Error),
 }

@@ -9,10 +9,11 @@
 //! that is that machine and no member.
 //!
 //! It also says what counts as evidence that a node was reset: it answers
-//! in maintenance mode, or it does not answer and no survivor lists a
-//! member at its address, name or id. A node that refuses our certificate,
-//! or another machine at the address, is no evidence: the operation stops
-//! as needs-attention.
+//! in maintenance mode, or it does not answer, no survivor lists a member
+//! at its address, name or id, and the survivors' discovery no longer lists
+//! its node id. A node that refuses our certificate, a silent node that
+//! discovery still lists (cut off, not reset), or another machine at the
+//! address, is no evidence: the operation stops as needs-attention.
 
 use std::time::Duration;
 
@@ -213,6 +214,40 @@ impl Ops {
         Ok(client.etcd_member_list(false).await?)
     }
 
+    /// The target as the survivors' discovery (COSI `Members`) still lists
+    /// it: by the planned node id, else by hostname; `None` when gone.
+    /// Talos takes a node out of discovery when it is reset (its affiliate
+    /// is deleted), while a node merely cut off stays listed; so a silent
+    /// node counts as reset only once discovery no longer lists it. An
+    /// error when no survivor answers.
+    async fn discovered(&self, facts: &RetireFacts) -> Result<Option<String>, OpsError> {
+        let client = self
+            .client
+            .with_call_timeout(super::cluster::VOTER_CALL_TIMEOUT);
+        let mut members = None;
+        if let Some(source) = &facts.source
+            && source.address != facts.address
+            && let Ok(found) = client
+                .node(source.address.as_str())
+                .resources()
+                .cluster_members()
+                .await
+        {
+            members = Some(found);
+        }
+        let members = match members {
+            Some(found) => found,
+            None => client.resources().cluster_members().await?,
+        };
+        let node_id = facts.identity.as_ref().and_then(|i| i.node_id.as_deref());
+        let hostname = facts.member.as_ref().map(|m| m.hostname.as_str());
+        Ok(members.iter().find_map(|m| match node_id {
+            Some(id) => (m.node_id == id).then(|| format!("node id {id} ({})", m.hostname)),
+            None => (Some(m.hostname.as_str()) == hostname)
+                .then(|| format!("member {} ({})", m.id, m.hostname)),
+        }))
+    }
+
     /// Whether the survivors still list member `id`; an error when none
     /// answers.
     pub(super) async fn still_listed(
@@ -272,10 +307,19 @@ impl Ops {
                 "{} answers in maintenance mode: it was reset",
                 facts.address
             ))),
-            Answer::Silent(why) => Ok(Checked::Evidence(format!(
-                "{} does not answer ({why}) and no survivor lists a member at its address, name or id: counted as reset; wipe the machine before it is used again if it was not",
-                facts.address
-            ))),
+            Answer::Silent(why) => match self.discovered(facts).await? {
+                Some(listed) => Err(OpsError::attention(
+                    step,
+                    format!(
+                        "{} does not answer ({why}), but the survivors' discovery still lists {listed}: a reset node leaves discovery, so it may be cut off or stopped rather than reset; reach it, then resume",
+                        facts.address
+                    ),
+                )),
+                None => Ok(Checked::Evidence(format!(
+                    "{} does not answer ({why}), no survivor lists a member at its address, name or id, and discovery no longer lists it: counted as reset; wipe the machine before it is used again if it was not",
+                    facts.address
+                ))),
+            },
             Answer::RefusesUs(why) => Err(OpsError::attention(
                 step,
                 format!(

@@ -386,6 +386,8 @@ pub struct Ops {
     leave_answered: Option<Instant>,
     /// How long a snapshot stream may send nothing.
     snapshot_stall: std::time::Duration,
+    /// The leave's deadline, and how long an ambiguous leave is settled.
+    leave_timeouts: (std::time::Duration, std::time::Duration),
     /// Park or cancel requests from outside, checked at step boundaries.
     stop: StopHandle,
 }
@@ -414,6 +416,7 @@ impl Ops {
             snapshot_keep: 0,
             leave_answered: None,
             snapshot_stall: Ops::DEFAULT_SNAPSHOT_STALL,
+            leave_timeouts: (Ops::DEFAULT_LEAVE_DEADLINE, Ops::DEFAULT_LEAVE_SETTLE),
             stop: StopHandle::new(),
         })
     }
@@ -433,6 +436,27 @@ impl Ops {
     /// [`Ops::DEFAULT_SNAPSHOT_STALL`]).
     pub fn set_snapshot_stall(&mut self, stall: std::time::Duration) {
         self.snapshot_stall = stall;
+    }
+
+    /// The client's deadline for EtcdLeaveCluster: past the 5 minutes
+    /// Talos itself retries removing the member
+    /// (internal/pkg/etcd/etcd.go, LeaveCluster), so the client does not
+    /// give up on a leave that is still going to land.
+    pub const DEFAULT_LEAVE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(330);
+
+    /// How long a leave whose answer said nothing (deadline, dropped
+    /// connection) is settled by asking a survivor whether the member is
+    /// gone; still listed after that, the operation needs attention.
+    pub const DEFAULT_LEAVE_SETTLE: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// Sets the leave's deadline and its settling time (defaults
+    /// [`Ops::DEFAULT_LEAVE_DEADLINE`], [`Ops::DEFAULT_LEAVE_SETTLE`]).
+    pub fn set_leave_timeouts(
+        &mut self,
+        deadline: std::time::Duration,
+        settle: std::time::Duration,
+    ) {
+        self.leave_timeouts = (deadline, settle);
     }
 
     /// The hosts of the talosconfig's endpoints.

@@ -559,14 +559,15 @@ impl Ops {
         let id = facts.member()?.member_id;
         let target = self
             .client
-            .with_call_timeout(LEAVE_DEADLINE)
+            .with_call_timeout(self.leave_timeouts.0)
             .node(facts.address.as_str());
         let error = match target.etcd_leave_cluster().await {
             Ok(_) => return Ok("the member left etcd".into()),
             Err(e) if ambiguous(&e) => e,
             Err(e) => return Err(e.into()),
         };
-        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        let settle = self.leave_timeouts.1;
+        let deadline = Instant::now() + settle;
         loop {
             match self.still_listed(facts, id).await {
                 Ok(false) => {
@@ -574,10 +575,15 @@ impl Ops {
                         "the member left etcd (the leave answered {error}; a survivor no longer lists member {id})"
                     ));
                 }
+                // Talos may still be removing it: neither done nor safely
+                // failed, so a person decides (resume settles it again).
                 Ok(true) if Instant::now() > deadline => {
-                    return Err(OpsError::step(
+                    return Err(OpsError::attention(
                         "leave",
-                        format!("the leave answered {error} and member {id} is still listed"),
+                        format!(
+                            "the leave answered {error} and member {id} is still listed {} s later: the node may still be removing it",
+                            settle.as_secs()
+                        ),
                     ));
                 }
                 Err(e) if Instant::now() > deadline => {
@@ -720,13 +726,6 @@ impl Ops {
 
 /// How long each survivor may take to answer the fresh check.
 const FRESH_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The client's deadline for the leave: past the 5 minutes Talos retries
-/// removing the member itself (internal/pkg/etcd's LeaveCluster).
-const LEAVE_DEADLINE: Duration = Duration::from_secs(330);
-
-/// How long an ambiguous leave is settled by asking survivors.
-const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a refused reset is sent again.
 const RESET_TIMEOUT: Duration = Duration::from_secs(60);

@@ -323,6 +323,30 @@ impl Cluster {
         Ok(())
     }
 
+    /// Cuts a running node's API off the network: callers (clients and
+    /// the other nodes' apid) connect and hear nothing, open connections
+    /// break, while the node keeps running with its etcd member. Its etcd
+    /// still reaches its peers: what is cut is the path to the API, as a
+    /// firewall or a broken route to port 50000 would. False when the node
+    /// is not up or already partitioned.
+    pub async fn partition(&self, target: &str) -> Result<bool, SimError> {
+        let node = self
+            .shared
+            .find(target)
+            .ok_or_else(|| SimError::Refused(format!("no node {target:?}")))?;
+        crate::lifecycle::partition(&node).await
+    }
+
+    /// Ends [`Cluster::partition`]: the node's API serves again. False when
+    /// it was not partitioned.
+    pub async fn heal(&self, target: &str) -> Result<bool, SimError> {
+        let node = self
+            .shared
+            .find(target)
+            .ok_or_else(|| SimError::Refused(format!("no node {target:?}")))?;
+        crate::lifecycle::heal(&self.shared, &node).await
+    }
+
     /// Writes `count` keys of `value_size` bytes through the running nodes'
     /// etcd (to give snapshots some weight).
     pub async fn fill(

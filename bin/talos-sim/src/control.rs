@@ -48,6 +48,25 @@ pub enum Request {
         /// The node's name or address.
         node: String,
     },
+    /// Cut the node's API off the network while it keeps running (see
+    /// [`crate::cluster::Cluster::partition`]).
+    Partition {
+        /// The node's name or address.
+        node: String,
+    },
+    /// End a [`Request::Partition`].
+    Heal {
+        /// The node's name or address.
+        node: String,
+    },
+    /// Make the node's next EtcdLeaveCluster remove its member only after
+    /// `millis`, even when the caller has given up by then.
+    DelayLeave {
+        /// The node's name or address.
+        node: String,
+        /// The delay, in milliseconds.
+        millis: u64,
+    },
 }
 
 /// The simulator's answer to one [`Request`].
@@ -132,6 +151,17 @@ async fn carry_out(shared: &std::sync::Arc<Shared>, request: Request) -> Reply {
         },
         Request::FreezeEtcd { node } => freeze(shared, &node, true).await,
         Request::ThawEtcd { node } => freeze(shared, &node, false).await,
+        Request::Partition { node } => partition(shared, &node, true).await,
+        Request::Heal { node } => partition(shared, &node, false).await,
+        Request::DelayLeave { node, millis } => match shared.find(&node) {
+            Some(n) => {
+                n.delay_next_leave(Duration::from_millis(millis));
+                Reply::Armed
+            }
+            None => Reply::Error {
+                message: format!("no node {node:?}"),
+            },
+        },
         Request::Fill { count, value_size } => {
             match shared.fill("/talos-sim/fill/", count, value_size).await {
                 Ok(()) => Reply::Filled,
@@ -158,6 +188,31 @@ async fn freeze(shared: &std::sync::Arc<Shared>, node: &str, frozen: bool) -> Re
         Reply::Error {
             message: format!("{node}: etcd does not run"),
         }
+    }
+}
+
+async fn partition(shared: &std::sync::Arc<Shared>, node: &str, cut: bool) -> Reply {
+    let Some(n) = shared.find(node) else {
+        return Reply::Error {
+            message: format!("no node {node:?}"),
+        };
+    };
+    let done = if cut {
+        crate::lifecycle::partition(&n).await
+    } else {
+        crate::lifecycle::heal(shared, &n).await
+    };
+    match done {
+        Ok(true) => Reply::Armed,
+        Ok(false) if cut => Reply::Error {
+            message: format!("{node}: not up, or already partitioned"),
+        },
+        Ok(false) => Reply::Error {
+            message: format!("{node}: not partitioned"),
+        },
+        Err(e) => Reply::Error {
+            message: e.to_string(),
+        },
     }
 }
 

@@ -23,7 +23,12 @@ use crate::api::machine::machine_status_event::MachineStage;
 const EVENTS_GRACE: Duration = Duration::from_millis(200);
 
 /// Serves the node's API on its address until its power goes off.
+/// A partitioned node comes up silent; [`heal`] starts its API.
 pub(crate) async fn start_front(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), SimError> {
+    if node.is_partitioned() {
+        node.set_power(Power::On);
+        return Ok(());
+    }
     let addr = node.api_addr();
     let listener = bind_with_retry(&addr).await?;
     let token = CancellationToken::new();
@@ -48,6 +53,30 @@ pub(crate) async fn power_off(node: &Node) {
     node.set_front(None);
     node.set_power(Power::Off);
     node.stop_etcd().await;
+}
+
+/// Cuts the node's API off (see [`super::cluster::Cluster::partition`]):
+/// the API stops, and a listener that never accepts takes its address, so
+/// a connection completes in the kernel and then nothing answers, as when
+/// packets are dropped on the way.
+pub(crate) async fn partition(node: &Node) -> Result<bool, SimError> {
+    if node.power() != Power::On || node.is_partitioned() {
+        return Ok(false);
+    }
+    node.set_front(None);
+    let listener = bind_with_retry(&node.api_addr()).await?;
+    node.set_blackhole(Some(listener));
+    Ok(true)
+}
+
+/// Ends a partition: the silent listener goes and the API serves again.
+pub(crate) async fn heal(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<bool, SimError> {
+    if !node.is_partitioned() {
+        return Ok(false);
+    }
+    node.set_blackhole(None);
+    start_front(shared, node).await?;
+    Ok(true)
 }
 
 /// Reboots a node: down for the boot delay, then up with its persisted

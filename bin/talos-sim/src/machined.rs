@@ -359,7 +359,20 @@ impl MachineService for Machined {
         request: Request<machine::EtcdLeaveClusterRequest>,
     ) -> Result<Response<machine::EtcdLeaveClusterResponse>, Status> {
         authorize(&request, "EtcdLeaveCluster")?;
-        etcd::leave_cluster(&self.node, &self.shared).await?;
+        match self.node.take_leave_delay() {
+            // The armed fault: the removal runs on its own, so it lands
+            // after the delay even when the caller has given up.
+            Some(delay) => {
+                let (node, shared) = (self.node.clone(), self.shared.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    etcd::leave_cluster(&node, &shared).await
+                })
+                .await
+                .map_err(|e| Status::internal(e.to_string()))??;
+            }
+            None => etcd::leave_cluster(&self.node, &self.shared).await?,
+        }
         one(machine::EtcdLeaveClusterResponse {
             messages: vec![machine::EtcdLeaveCluster { metadata: None }],
         })

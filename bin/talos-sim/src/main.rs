@@ -32,6 +32,14 @@ enum Fault {
     FreezeEtcd,
     /// Let it run again (SIGCONT).
     ThawEtcd,
+    /// Cut the node's API off the network while it keeps running: callers
+    /// connect and hear nothing (its etcd still reaches its peers).
+    Partition,
+    /// End a partition.
+    Heal,
+    /// Make the node's next EtcdLeaveCluster land only after `--delay-secs`,
+    /// even when the caller gave up by then.
+    DelayLeave,
 }
 
 #[derive(Subcommand)]
@@ -59,9 +67,9 @@ enum Command {
         #[arg(long, default_value_t = 1024)]
         value_size: usize,
     },
-    /// Freeze (SIGSTOP) or thaw the etcd of NODE in the cluster running in
-    /// DIR: the node's API keeps answering while its etcd hangs, as on a
-    /// stalled disk.
+    /// Inject a fault into NODE of the cluster running in DIR: freeze its
+    /// etcd (its API keeps answering, as on a stalled disk), partition its
+    /// API (it keeps running, nobody reaches it), or delay its next leave.
     Fault {
         /// The directory `talos-sim up` runs in.
         dir: PathBuf,
@@ -70,6 +78,9 @@ enum Command {
         fault: Fault,
         /// The node's name (`cp-2`) or address.
         node: String,
+        /// For `delay-leave`: how many seconds the leave takes.
+        #[arg(long, default_value_t = 360)]
+        delay_secs: u64,
     },
     /// Write an example Talos PKI and talosconfig into DIR.
     GenCerts {
@@ -141,11 +152,24 @@ async fn main() -> std::process::ExitCode {
             .await
             .map(|_| println!("wrote {count} keys of {value_size} bytes"))
             .map_err(Into::into),
-        Command::Fault { dir, fault, node } => {
+        Command::Fault {
+            dir,
+            fault,
+            node,
+            delay_secs,
+        } => {
+            let node_name = node.clone();
             let request = match fault {
-                Fault::FreezeEtcd => Request::FreezeEtcd { node: node.clone() },
-                Fault::ThawEtcd => Request::ThawEtcd { node: node.clone() },
+                Fault::FreezeEtcd => Request::FreezeEtcd { node },
+                Fault::ThawEtcd => Request::ThawEtcd { node },
+                Fault::Partition => Request::Partition { node },
+                Fault::Heal => Request::Heal { node },
+                Fault::DelayLeave => Request::DelayLeave {
+                    node,
+                    millis: delay_secs.saturating_mul(1000),
+                },
             };
+            let node = node_name;
             control::send(&dir, &request)
                 .await
                 .map(|_| println!("{node}: {fault:?} done"))

@@ -132,6 +132,11 @@ pub struct Node {
     /// A read fault armed for the next snapshot: bytes sent before it.
     boot_id: Mutex<String>,
     snapshot_fault: Mutex<Option<u64>>,
+    /// While the node is partitioned: the listener that holds its API
+    /// address and never accepts, so callers connect and hear nothing.
+    blackhole: Mutex<Option<tokio::net::TcpListener>>,
+    /// A delay armed for the next EtcdLeaveCluster.
+    leave_delay: Mutex<Option<std::time::Duration>>,
 }
 
 /// Where each node keeps its files.
@@ -190,6 +195,8 @@ impl Node {
             sequence_lock: tokio::sync::Mutex::new(()),
             boot_id: Mutex::new(new_boot_id()),
             snapshot_fault: Mutex::new(None),
+            blackhole: Mutex::new(None),
+            leave_delay: Mutex::new(None),
         };
         for label in system_volumes(layout.version) {
             let path = node.volume(label);
@@ -467,6 +474,26 @@ impl Node {
 
     pub(crate) fn take_snapshot_fault(&self) -> Option<u64> {
         self.snapshot_fault.lock().expect("fault lock").take()
+    }
+
+    /// Makes the next EtcdLeaveCluster on this node remove its member only
+    /// after `delay`, whether or not the caller still waits: a leave that
+    /// outlasts the client's deadline and lands anyway.
+    pub fn delay_next_leave(&self, delay: std::time::Duration) {
+        *self.leave_delay.lock().expect("fault lock") = Some(delay);
+    }
+
+    pub(crate) fn take_leave_delay(&self) -> Option<std::time::Duration> {
+        self.leave_delay.lock().expect("fault lock").take()
+    }
+
+    /// Whether the node's API is cut off by [`crate::lifecycle::partition`].
+    pub fn is_partitioned(&self) -> bool {
+        self.blackhole.lock().expect("blackhole lock").is_some()
+    }
+
+    pub(crate) fn set_blackhole(&self, listener: Option<tokio::net::TcpListener>) {
+        *self.blackhole.lock().expect("blackhole lock") = listener;
     }
 
     /// The machine configuration in effect (after a TRY apply: the tried

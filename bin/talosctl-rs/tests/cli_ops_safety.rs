@@ -6,39 +6,13 @@
 
 use std::time::Duration;
 
-use talos_client::config::{Overrides, TalosConfig};
-use talos_client::ops::{Facts, OpSpec, Ops, OpsError, RetireOptions};
-use talos_client::{Client, client::ResetRequest};
+use talos_client::client::ResetRequest;
+use talos_client::ops::{Facts, OpSpec, OpsError, RetireOptions};
 use talos_test_support::sim::wait_for;
 
 mod ops_fixture;
 
 use ops_fixture::{Fixture, newest};
-
-fn open_ops(f: &Fixture) -> Ops {
-    let path = f.talosconfig();
-    let config = TalosConfig::read(&path).unwrap();
-    let context = config.resolve(&Overrides::default(), &path).unwrap();
-    let client = Client::from_context(&context).unwrap();
-    Ops::open(&context, client, f.state.path()).unwrap()
-}
-
-/// Voter names, as node `from` sees them.
-async fn voters(f: &Fixture, from: usize) -> Vec<String> {
-    let mut names: Vec<String> = f
-        .sim
-        .admin()
-        .node(f.sim.ip(from))
-        .etcd_member_list(false)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|m| !m.is_learner)
-        .map(|m| m.hostname)
-        .collect();
-    names.sort();
-    names
-}
 
 /// A survivor whose etcd froze after the plan was made stops the retire at
 /// the fresh check before the forfeit and the leave: nothing is changed,
@@ -48,7 +22,7 @@ async fn voters(f: &Fixture, from: usize) -> Vec<String> {
 async fn a_survivor_frozen_after_the_plan_stops_the_retire_before_the_leave() {
     let f = Fixture::start(3).await;
     let target = f.sim.ip(2);
-    let mut ops = open_ops(&f);
+    let mut ops = f.open_ops();
     let plan = ops
         .plan(&OpSpec::Retire(RetireOptions::new(target.clone())))
         .await
@@ -91,7 +65,7 @@ async fn a_survivor_frozen_after_the_plan_stops_the_retire_before_the_leave() {
         ],
         "{record}"
     );
-    assert_eq!(voters(&f, 1).await, ["cp-1", "cp-2", "cp-3"]);
+    assert_eq!(f.voters(1).await, ["cp-1", "cp-2", "cp-3"]);
     f.sim.admin().node(target.as_str()).version().await.unwrap();
 }
 
@@ -156,7 +130,7 @@ async fn resume_does_not_reset_a_live_member_back_at_the_address() {
     let shown = f.ops(&["show", &id]).await.ok().json();
     assert_eq!(shown["state"], "needs-attention", "{shown}");
     // The live voter was not reset.
-    assert_eq!(voters(&f, 1).await, ["cp-1", "cp-2", "cp-3"]);
+    assert_eq!(f.voters(1).await, ["cp-1", "cp-2", "cp-3"]);
     let status = admin.node(target.as_str()).etcd_status().await.unwrap();
     assert_eq!(status.member_id, rejoined);
     // And the cluster stays blocked until a person decides.
@@ -170,7 +144,7 @@ async fn resume_does_not_reset_a_live_member_back_at_the_address() {
 #[tokio::test]
 async fn a_waiting_join_ends_at_a_cancel() {
     let f = Fixture::start(3).await;
-    let mut ops = open_ops(&f);
+    let mut ops = f.open_ops();
     let stop = talos_client::ops::StopHandle::new();
     ops.set_stop(stop.clone());
     let mut options = talos_client::ops::JoinOptions::new("cp-9");
@@ -208,7 +182,7 @@ async fn an_absurd_timeout_is_refused_at_plan_time() {
     let f = Fixture::start(1).await;
     let mut options = talos_client::ops::JoinOptions::new("cp-9");
     options.timeout = Duration::from_secs(4_294_967_295);
-    let refused = open_ops(&f).plan(&OpSpec::Join(options)).await;
+    let refused = f.open_ops().plan(&OpSpec::Join(options)).await;
     match refused {
         Err(OpsError::Refused(talos_client::ops::Refusal::OutOfBounds { option, .. })) => {
             assert_eq!(option, "timeout")
@@ -228,7 +202,7 @@ async fn an_absurd_timeout_is_refused_at_plan_time() {
 #[tokio::test]
 async fn a_stalled_snapshot_source_is_left_for_another_voter() {
     let f = Fixture::start(3).await;
-    let mut ops = open_ops(&f);
+    let mut ops = f.open_ops();
     ops.set_snapshot_stall(Duration::from_secs(3));
     let plan = ops
         .plan(&OpSpec::Snapshot(
@@ -276,7 +250,7 @@ async fn a_node_rebooted_inside_the_try_window_fails_the_gate() {
     options.expect_change = vec!["machine.certSANs".into()];
     options.try_timeout = Duration::from_secs(30);
     options.vip_check = false;
-    let mut ops = open_ops(&f);
+    let mut ops = f.open_ops();
     let plan = ops.plan(&OpSpec::Apply(options)).await.unwrap();
     let admin = f.sim.admin();
     let (tried_tx, tried_rx) = tokio::sync::oneshot::channel();
@@ -353,7 +327,7 @@ async fn a_dead_node_is_removed_through_a_survivor() {
         ["snapshot", "check", "remove", "confirm"],
         "{record}"
     );
-    assert_eq!(voters(&f, 1).await, ["cp-1", "cp-2"]);
+    assert_eq!(f.voters(1).await, ["cp-1", "cp-2"]);
 }
 
 /// A leave that failed on record but took effect (the member is gone) is
@@ -402,6 +376,6 @@ async fn a_failed_leave_that_took_effect_is_reconciled_on_resume() {
         leave["detail"].as_str().unwrap().contains("reconciled"),
         "{leave}"
     );
-    assert_eq!(voters(&f, 1).await, ["cp-1", "cp-3"]);
+    assert_eq!(f.voters(1).await, ["cp-1", "cp-3"]);
     assert!(f.sim.admin().node(target.as_str()).version().await.is_err());
 }

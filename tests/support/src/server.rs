@@ -342,6 +342,7 @@ pub struct TestServer {
     pub addr: SocketAddr,
     pub state: Arc<State>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    cut: tokio_util::sync::CancellationToken,
 }
 
 impl TestServer {
@@ -362,15 +363,14 @@ impl TestServer {
             state: state.clone(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let cut = tokio_util::sync::CancellationToken::new();
+        let incoming = tls_incoming(listener, config, cut.clone());
         tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(MachineServiceServer::new(service))
-                .serve_with_incoming_shutdown(
-                    tls_incoming(listener, config, Default::default()),
-                    async {
-                        let _ = rx.await;
-                    },
-                )
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = rx.await;
+                })
                 .await
                 .expect("server");
         });
@@ -378,11 +378,19 @@ impl TestServer {
             addr,
             state,
             shutdown: Some(tx),
+            cut,
         }
     }
 
     pub fn endpoint(&self) -> String {
         self.addr.to_string()
+    }
+
+    /// Breaks every open connection and stops listening, as a node whose
+    /// network went away: a client's next request on its channel fails
+    /// before any answer.
+    pub fn cut(&self) {
+        self.cut.cancel();
     }
 }
 

@@ -49,6 +49,34 @@ impl Fixture {
         }
     }
 
+    /// The operations layer on the cluster and the state directory, as a
+    /// library user opens it.
+    pub fn open_ops(&self) -> talos_client::ops::Ops {
+        use talos_client::config::{Overrides, TalosConfig};
+        let path = self.talosconfig();
+        let config = TalosConfig::read(&path).unwrap();
+        let context = config.resolve(&Overrides::default(), &path).unwrap();
+        let client = talos_client::Client::from_context(&context).unwrap();
+        talos_client::ops::Ops::open(&context, client, self.state.path()).unwrap()
+    }
+
+    /// Voter names, sorted, as node `from` sees them.
+    pub async fn voters(&self, from: usize) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .sim
+            .admin()
+            .node(self.sim.ip(from))
+            .etcd_member_list(false)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|m| !m.is_learner)
+            .map(|m| m.hostname)
+            .collect();
+        names.sort();
+        names
+    }
+
     /// Member names and learner flags, as node 1 sees them.
     pub async fn members(&self) -> Vec<(String, bool)> {
         let mut members: Vec<_> = self

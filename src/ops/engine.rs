@@ -214,7 +214,7 @@ impl Ops {
                 continue;
             }
             if let Some((earlier, end)) = deferred.take() {
-                self.end_step(
+                let written = self.end_step(
                     &id,
                     earlier,
                     &steps[earlier],
@@ -222,7 +222,20 @@ impl Ops {
                     &facts_value,
                     None,
                     None,
-                )?;
+                );
+                if let Err(e) = written {
+                    // This step ran as well (the unit's second half): its
+                    // end goes on record with the first's when the journal
+                    // takes writes again.
+                    let this = StepEnd {
+                        state: ended.state,
+                        duration_ms: ended.duration_ms,
+                        detail: Some(&ended.detail),
+                    };
+                    self.journal
+                        .remember_step_end(&id, index, &this, &facts_value);
+                    return Err(e);
+                }
                 // Recorded once its call has answered: its start is the
                 // time of that answer, within the unit's milliseconds.
                 self.journal.step_started(&id, index)?;

@@ -446,17 +446,31 @@ impl Journal {
     ) -> Result<(), OpsError> {
         let written = self.write_step_end(id, index, &end, facts, start_next);
         if written.is_err() {
-            self.remember(id, |u| {
-                u.step_end = Some(UnsavedEnd {
-                    index,
-                    state: end.state,
-                    duration_ms: end.duration_ms,
-                    detail: end.detail.map(str::to_string),
-                });
-                u.facts = Some(facts.clone());
-            });
+            self.remember_step_end(id, index, &end, facts);
         }
         written
+    }
+
+    /// Keeps the end of step `index` in memory for [`OpRecord::settled`]:
+    /// its write failed, or a write it depends on did (the reset that ran
+    /// after its leave, whose end the journal refused).
+    pub(crate) fn remember_step_end(
+        &self,
+        id: &str,
+        index: usize,
+        end: &StepEnd<'_>,
+        facts: &serde_json::Value,
+    ) {
+        self.remember(id, |u| {
+            u.step_ends.retain(|e| e.index != index);
+            u.step_ends.push(UnsavedEnd {
+                index,
+                state: end.state,
+                duration_ms: end.duration_ms,
+                detail: end.detail.map(str::to_string),
+            });
+            u.facts = Some(facts.clone());
+        });
     }
 
     fn write_step_end(

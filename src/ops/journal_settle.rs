@@ -11,7 +11,9 @@ use super::{OpRecord, OpState, StepState, now};
 /// ([`OpRecord::settled`], [`Journal::settle`]).
 #[derive(Debug, Clone, Default)]
 pub struct Unsaved {
-    pub(super) step_end: Option<UnsavedEnd>,
+    /// Step ends not written, in the order they happened (a leave and the
+    /// reset bound to it can both be here).
+    pub(super) step_ends: Vec<UnsavedEnd>,
     pub(super) facts: Option<serde_json::Value>,
     pub(super) state: Option<OpState>,
 }
@@ -58,10 +60,14 @@ impl OpRecord {
         let lost = format!("the journal could not record this: {reason}");
         let unsaved = unsaved.cloned().unwrap_or_default();
         let mut noted = false;
-        if let Some(end) = &unsaved.step_end
-            && let Some(step) = record.steps.get_mut(end.index)
-        {
+        for end in &unsaved.step_ends {
+            let Some(step) = record.steps.get_mut(end.index) else {
+                continue;
+            };
             step.state = end.state;
+            if step.started.is_none() {
+                step.started = Some(now.clone());
+            }
             step.finished = Some(now.clone());
             step.duration_ms = Some(end.duration_ms);
             step.detail = Some(match &end.detail {

@@ -272,3 +272,71 @@ async fn a_corrupt_or_emptied_journal_is_refused_with_what_to_do() {
     assert!(d.log_text().contains("moved aside"), "{}", d.log_text());
     assert_eq!(d.signal_and_wait(libc::SIGTERM).await, Some(0));
 }
+
+/// The journal refuses writes from the moment the leave answers. Nothing
+/// is journaled between the leave and the reset, so the reset still goes
+/// out at once: the node does not keep serving without etcd. The
+/// operation then cannot record its end; it says so, and once the journal
+/// takes writes again its record holds both steps as done.
+#[tokio::test]
+async fn a_journal_that_fails_after_the_leave_does_not_hold_back_the_reset() {
+    let sim = SimCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tc = sim.dir.path().join("talosconfig");
+    let d = Daemon::start_with(
+        dir.path(),
+        &cluster_toml("a", &tc, ""),
+        &[("TALOS_OPSD_TEST_JOURNAL_BUSY", "answered:leave")],
+        &[],
+    )
+    .await;
+    let mut client = d.client().await;
+    let target = sim.ip(3);
+    let id = client
+        .start_operation(proto::StartOperationRequest {
+            cluster: "a".into(),
+            plan_fingerprint: String::new(),
+            kind: Some(Kind::Retire(proto::RetireParams {
+                node: target.clone(),
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let end = finished(&watch_all(&mut client, &id).await);
+    assert_ne!(end.state, "succeeded", "{end:?}");
+    assert!(end.error.contains("database is locked"), "{end:?}");
+    // The reset went out right after the leave all the same.
+    let node = sim.cluster.node(&target).unwrap();
+    assert!(!node.is_configured(), "cp-3 was reset");
+    let members = sim
+        .admin()
+        .node(sim.ip(1))
+        .etcd_member_list(false)
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 2, "{members:?}");
+
+    std::fs::write(dir.path().join("state/journal-busy.release"), b"").unwrap();
+    let recorded = wait_for("the retire recorded", Duration::from_secs(30), || {
+        let mut client = client.clone();
+        let id = id.clone();
+        async move {
+            let op = client
+                .get_operation(proto::GetOperationRequest { id })
+                .await
+                .ok()?
+                .into_inner();
+            let leave = op.steps.iter().find(|s| s.name == "leave")?;
+            (leave.state == "done").then_some(op)
+        }
+    })
+    .await;
+    let reset = recorded.steps.iter().find(|s| s.name == "reset").unwrap();
+    assert_eq!(reset.state, "done", "{recorded:?}");
+    // Destructive steps ran and the rest did not: a person resumes it.
+    assert_eq!(recorded.state, "needs-attention", "{recorded:?}");
+    assert!(reset.detail.contains("reset accepted"), "{reset:?}");
+}

@@ -371,6 +371,7 @@ impl Ops {
             }
             (OpSpec::Apply(o), Step::Apply(s), Facts::Apply(f)) => self.apply_step(o, s, f).await,
             (OpSpec::Drill(o), Step::Drill(_), Facts::Drill(f)) => self.drill_step(o, f).await,
+            (OpSpec::Defrag(_), Step::Defrag(s), Facts::Defrag(f)) => self.defrag_step(s, f).await,
             _ => Err(mismatch(spec, step)),
         }
     }

@@ -37,6 +37,7 @@ mod apply_steps;
 mod apply_vip;
 mod cluster;
 mod config_diff;
+mod defrag;
 mod drill;
 mod engine;
 mod guard;
@@ -69,6 +70,7 @@ use crate::config::ResolvedContext;
 
 pub use apply::{ApplyFacts, ApplyPhase, ApplyStep};
 pub use config_diff::ConfigParseError;
+pub use defrag::{DefragFacts, DefragMember, DefragPhase, DefragStep};
 pub use drill::{DrillFacts, DrillStep};
 pub use guard::check_plain_reset;
 pub use identity::TargetIdentity;
@@ -83,8 +85,8 @@ pub use retire::{PlannedMember, RetireFacts, RetireStep};
 pub use sa_validation::MachineRole;
 pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep};
 pub use spec::{
-    ApplyOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpKind, OpSpec,
-    RetireOptions, SnapshotOptions,
+    ApplyOptions, DefragOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions,
+    OpKind, OpSpec, RetireOptions, SnapshotOptions,
 };
 pub use stop::{CancelRefused, StopHandle};
 
@@ -517,6 +519,7 @@ impl Ops {
             OpSpec::Migrate(o) => self.plan_migrate(o).await?,
             OpSpec::Apply(o) => self.plan_apply(o).await?,
             OpSpec::Drill(o) => self.plan_drill(o).await?,
+            OpSpec::Defrag(o) => self.plan_defrag(o).await?,
         };
         plan.id = id;
         plan.lock = Some(Arc::new(lock));

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use super::apply::{ApplyFacts, ApplyStep};
+use super::defrag::{DefragFacts, DefragStep};
 use super::drill::{DrillFacts, DrillStep};
 use super::join::{JoinFacts, JoinStep};
 use super::lock::ClusterLock;
@@ -56,6 +57,8 @@ pub enum Step {
     Apply(ApplyStep),
     /// A step of a drill.
     Drill(DrillStep),
+    /// A step of a defragmentation.
+    Defrag(DefragStep),
 }
 
 impl Step {
@@ -67,6 +70,7 @@ impl Step {
             Step::Migrate(s) => s,
             Step::Apply(s) => s,
             Step::Drill(s) => s,
+            Step::Defrag(s) => s,
         }
     }
 
@@ -128,6 +132,8 @@ pub enum Facts {
     Apply(ApplyFacts),
     /// A drill's.
     Drill(DrillFacts),
+    /// A defragmentation's.
+    Defrag(DefragFacts),
 }
 
 /// A fact that a step needs, or the error naming it.

@@ -300,6 +300,14 @@ pub enum Refusal {
         /// The most it may be.
         max: std::time::Duration,
     },
+    /// A defragmentation threshold outside (0, 1].
+    #[error(
+        "a threshold of {value} is outside (0, 1]: it is the share of a member's database in use below which it is defragmented"
+    )]
+    BadThreshold {
+        /// The value given.
+        value: String,
+    },
     /// The node's volumes could not be read, so its wipe labels cannot be
     /// checked.
     #[error("cannot read {node}'s volumes to check the labels to wipe: {error}")]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use super::apply::ApplyOptions;
+pub use super::defrag::DefragOptions;
 pub use super::drill::DrillOptions;
 pub use super::join::{JoinOptions, MaintenanceApply};
 pub use super::migrate::MigrateOptions;
@@ -33,6 +34,8 @@ pub enum OpSpec {
     Apply(ApplyOptions),
     /// Prove a stored backup restores (the cluster is not touched).
     Drill(DrillOptions),
+    /// Defragment etcd's members one at a time, the leader last.
+    Defrag(DefragOptions),
 }
 
 /// The kinds of operation (an [`OpSpec`] without its options).
@@ -52,6 +55,8 @@ pub enum OpKind {
     Apply,
     /// Prove a stored backup restores.
     Drill,
+    /// Defragment etcd's members.
+    Defrag,
 }
 
 impl OpKind {
@@ -64,6 +69,7 @@ impl OpKind {
             OpKind::Migrate => "migrate",
             OpKind::Apply => "apply",
             OpKind::Drill => "drill",
+            OpKind::Defrag => "defrag",
         }
     }
 }
@@ -84,6 +90,7 @@ impl OpSpec {
             OpSpec::Migrate(_) => OpKind::Migrate,
             OpSpec::Apply(_) => OpKind::Apply,
             OpSpec::Drill(_) => OpKind::Drill,
+            OpSpec::Defrag(_) => OpKind::Defrag,
         }
     }
 
@@ -93,7 +100,7 @@ impl OpSpec {
         match self {
             OpSpec::Snapshot(_) | OpSpec::Drill(_) => false,
             OpSpec::Join(o) => o.maintenance.is_some(),
-            OpSpec::Retire(_) | OpSpec::Migrate(_) | OpSpec::Apply(_) => true,
+            OpSpec::Retire(_) | OpSpec::Migrate(_) | OpSpec::Apply(_) | OpSpec::Defrag(_) => true,
         }
     }
 }
@@ -133,7 +140,7 @@ impl OpSpec {
     /// Refuses a duration option outside [`DURATION_BOUNDS`].
     pub fn check_bounds(&self) -> Result<(), super::Refusal> {
         let durations: Vec<(&str, Duration)> = match self {
-            OpSpec::Snapshot(_) | OpSpec::Drill(_) => Vec::new(),
+            OpSpec::Snapshot(_) | OpSpec::Drill(_) | OpSpec::Defrag(_) => Vec::new(),
             OpSpec::Retire(o) => vec![("silence_timeout", o.silence_timeout)],
             OpSpec::Join(o) => vec![("timeout", o.timeout)],
             OpSpec::Migrate(o) => vec![

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use talos_client::ops::{
-    ApplyOptions, JoinOptions, MachineRole, MaintenanceApply, MigrateOptions, OpRecord, OpSpec,
-    OpState, Plan, RetireOptions, SnapshotOptions, StepState,
+    ApplyOptions, DefragOptions, JoinOptions, MachineRole, MaintenanceApply, MigrateOptions,
+    OpRecord, OpSpec, OpState, Plan, RetireOptions, SnapshotOptions, StepState,
 };
 
 mod events;
@@ -175,6 +175,11 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
                 vip_check: Some(o.vip_check),
             })
         }
+        OpSpec::Defrag(o) => Kind::Defrag(proto::DefragParams {
+            nodes: o.nodes.clone(),
+            threshold: Some(o.threshold),
+            all: o.all,
+        }),
         _ => return Err(ConvertError::LocalOnly("this operation")),
     })
 }
@@ -227,6 +232,15 @@ pub fn spec_from_proto(kind: Kind) -> OpSpec {
                 o.vip_check = on;
             }
             OpSpec::Apply(o)
+        }
+        Kind::Defrag(p) => {
+            let mut o = DefragOptions::new();
+            o.nodes = p.nodes;
+            if let Some(threshold) = p.threshold {
+                o.threshold = threshold;
+            }
+            o.all = p.all;
+            OpSpec::Defrag(o)
         }
     }
 }

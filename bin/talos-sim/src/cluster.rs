@@ -358,6 +358,14 @@ impl Cluster {
         self.shared.fill(prefix, count, value_size).await
     }
 
+    /// Deletes every key under `prefix` and compacts etcd's history, as a
+    /// cluster that dropped many objects leaves its members: their
+    /// databases keep the space until they are defragmented. Returns how
+    /// many keys went.
+    pub async fn clear(&self, prefix: &str) -> Result<i64, SimError> {
+        self.shared.clear(prefix).await
+    }
+
     /// Adds a control-plane node whose etcd joins as a learner and is
     /// promoted to a voter once it has caught up, as Talos does.
     pub async fn add_node(&self) -> Result<NodeInfo, SimError> {
@@ -413,6 +421,11 @@ impl Shared {
                 .await?;
         }
         Ok(())
+    }
+
+    pub(crate) async fn clear(&self, prefix: &str) -> Result<i64, SimError> {
+        let client = EtcdClient::connect(&self.control_plane_etcd_urls()).await?;
+        Ok(client.delete_prefix_and_compact(prefix.as_bytes()).await?)
     }
 
     /// One more node: a configured control-plane node that joins etcd as

@@ -30,6 +30,9 @@ pub enum Request {
         /// Bytes per value.
         value_size: usize,
     },
+    /// Delete the keys under `/talos-sim/fill/` and compact etcd's
+    /// history: the members keep the space until defragmented.
+    Clear,
     /// Make the next snapshot from `node` end early (status OK) after
     /// `after_bytes`, as Talos does when reading etcd fails part-way.
     FailNextSnapshot {
@@ -85,6 +88,11 @@ pub enum Reply {
     },
     /// The keys were written.
     Filled,
+    /// Keys were deleted and the history compacted.
+    Cleared {
+        /// How many keys.
+        deleted: i64,
+    },
     /// The fault is armed.
     Armed,
     /// The request failed or was not understood.
@@ -161,6 +169,10 @@ async fn carry_out(shared: &std::sync::Arc<Shared>, request: Request) -> Reply {
             None => Reply::Error {
                 message: format!("no node {node:?}"),
             },
+        },
+        Request::Clear => match shared.clear("/talos-sim/fill/").await {
+            Ok(deleted) => Reply::Cleared { deleted },
+            Err(e) => failed(e),
         },
         Request::Fill { count, value_size } => {
             match shared.fill("/talos-sim/fill/", count, value_size).await {

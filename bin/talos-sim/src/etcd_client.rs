@@ -303,6 +303,44 @@ impl EtcdClient {
         .await
     }
 
+    /// Deletes every key under `prefix`, then compacts the history up to
+    /// that revision (physically), so that the space the deleted values
+    /// held is free for a defragmentation to give back. Returns how many
+    /// keys were deleted.
+    pub async fn delete_prefix_and_compact(&self, prefix: &[u8]) -> Result<i64, tonic::Status> {
+        let mut range_end = prefix.to_vec();
+        if let Some(last) = range_end.last_mut() {
+            *last += 1;
+        }
+        let deleted = self
+            .first_answer(&|ch| {
+                let (key, range_end) = (prefix.to_vec(), range_end.clone());
+                async move {
+                    KvClient::new(ch)
+                        .delete_range(with_timeout(pb::DeleteRangeRequest {
+                            key,
+                            range_end,
+                            prev_kv: false,
+                        }))
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            })
+            .await?;
+        let revision = deleted.header.map_or(0, |h| h.revision);
+        self.first_answer(&|ch| async move {
+            KvClient::new(ch)
+                .compact(with_timeout(pb::CompactionRequest {
+                    revision,
+                    physical: true,
+                }))
+                .await
+                .map(drop)
+        })
+        .await?;
+        Ok(deleted.deleted)
+    }
+
     /// A linearizable read of `key` from the member at `url`, within
     /// `timeout`: what upstream's etcd health check sends
     /// (internal/pkg/etcd/etcd.go, ValidateQuorum). A learner refuses it

@@ -66,6 +66,10 @@ enum Command {
         /// Bytes per value (etcd accepts up to about 1.5 MiB).
         #[arg(long, default_value_t = 1024)]
         value_size: usize,
+        /// Instead: delete the keys `fill` wrote and compact etcd's
+        /// history, leaving space for a defragmentation to reclaim.
+        #[arg(long)]
+        clear: bool,
     },
     /// Inject a fault into NODE of the cluster running in DIR: freeze its
     /// etcd (its API keeps answering, as on a stalled disk), partition its
@@ -144,10 +148,20 @@ async fn main() -> std::process::ExitCode {
     let result = match Cli::parse().command {
         Command::Up(args) => up(args).await,
         Command::AddNode { dir, maintenance } => add_node(&dir, maintenance).await,
+        Command::Fill { dir, clear, .. } if clear => control::send(&dir, &Request::Clear)
+            .await
+            .map(|reply| match reply {
+                control::Reply::Cleared { deleted } => {
+                    println!("deleted {deleted} keys and compacted")
+                }
+                other => println!("{other:?}"),
+            })
+            .map_err(Into::into),
         Command::Fill {
             dir,
             count,
             value_size,
+            ..
         } => control::send(&dir, &Request::Fill { count, value_size })
             .await
             .map(|_| println!("wrote {count} keys of {value_size} bytes"))

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use talos_client::ops::{
-    ApplyOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpSpec, Ops,
-    RetireOptions, SnapshotOptions,
+    ApplyOptions, DefragOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions,
+    OpSpec, Ops, RetireOptions, SnapshotOptions,
 };
 use talos_opsd_api::{PlanView, default_state_dir};
 
@@ -146,6 +146,18 @@ pub enum OpsCommand {
         /// How long to wait for OLD to go silent (default 2m).
         #[arg(long, value_parser = parse_go_duration)]
         timeout: Option<Duration>,
+    },
+    /// Defragment etcd's members whose database is mostly free space, one
+    /// at a time, followers first and the leader last (after handing its
+    /// leadership over); -n limits it to those members.
+    Defrag {
+        /// Defragment a member when the share of its database in use is
+        /// below this.
+        #[arg(long, default_value_t = DefragOptions::DEFAULT_THRESHOLD)]
+        threshold: f64,
+        /// Defragment every member considered, whatever its share in use.
+        #[arg(long)]
+        all: bool,
     },
     /// Prove that a stored backup restores: fetch, decrypt, verify,
     /// restore into a throwaway etcd on this host, compare with its
@@ -327,6 +339,13 @@ impl OpsCommand {
                 }
                 OpSpec::Apply(o)
             }
+            OpsCommand::Defrag { threshold, all } => {
+                let mut o = DefragOptions::new();
+                o.nodes = nodes;
+                o.threshold = *threshold;
+                o.all = *all;
+                OpSpec::Defrag(o)
+            }
             OpsCommand::Drill {
                 from,
                 key,
@@ -362,6 +381,12 @@ pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
     let context = global.resolve()?;
     let (client, nodes) = global.connect()?;
     let mut ops = Ops::open(&context, client, &state_dir)?;
+    // A defragmentation covers every voter unless -n names some: the
+    // talosconfig's default nodes do not narrow it.
+    let nodes = match args.command {
+        OpsCommand::Defrag { .. } => global.nodes.clone(),
+        _ => nodes,
+    };
     let Some(spec) = args.command.spec(nodes) else {
         return journal_command(global, &mut ops, args.command).await;
     };

@@ -93,6 +93,8 @@ async fn every_operation_s_plan_and_result_match_the_golden_files() {
     )
     .await;
 
+    check(&f, "defrag", &["defrag", "--all"], &mut mismatches).await;
+
     let config = std::fs::read_to_string(f.sim.dir.path().join("controlplane.yaml"))
         .unwrap()
         .replace("certSANs: []", "certSANs: [vip.example]");
@@ -229,6 +231,9 @@ fn normalise(text: &str, table: bool) -> String {
         (r"<IP>:\d+", "<IP>:<PORT>"),
         (r"\bcp-\d+\b", "cp-<N>"),
         (r"attempt \d+", "attempt <N>"),
+        // Database sizes and shares in use (a defragmentation's).
+        (r"\b\d+(\.\d+)? (KiB|MiB)", "<SIZE>"),
+        (r"\b\d+% ", "<PCT> "),
         (r"passed \d+ times", "passed <N> times"),
     ];
     let mut out = String::new();

@@ -123,3 +123,44 @@ async fn defrag_refuses_a_bad_threshold_and_an_unhealthy_member() {
         after.iter().map(|(_, s, _)| *s).collect::<Vec<_>>()
     );
 }
+
+/// The process dies with the leader's defragmentation in flight (after
+/// its forfeit): `ops resume` runs that step again (a defragmentation is
+/// safe to repeat) and the operation ends as an uninterrupted one does.
+#[tokio::test]
+async fn a_defrag_killed_in_flight_is_resumed_to_the_end() {
+    let f = Fixture::start(3).await;
+    let (_, leader) = sizes(&f).await;
+    let crash = format!("started:defrag {leader}");
+    let crashed = f
+        .ops_with(
+            &f.talosconfig(),
+            &["--yes", "defrag", "--all"],
+            Some(&crash),
+        )
+        .await;
+    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
+    let listed = f.ops(&["list"]).await.ok().json();
+    let id = listed[0]["id"].as_str().unwrap().to_string();
+    let shown = f.ops(&["show", &id]).await.ok().json();
+    let states: Vec<&str> = shown["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        states,
+        ["done", "done", "done", "done", "running"],
+        "{shown}"
+    );
+    let resumed = f.ops(&["resume", &id]).await.ok().json();
+    assert_eq!(resumed["state"], "succeeded", "{resumed}");
+    let last = &resumed["steps"][4];
+    assert_eq!(last["node"], leader.as_str(), "{resumed}");
+    assert!(
+        last["detail"].as_str().unwrap().contains("reclaimed"),
+        "{resumed}"
+    );
+    assert_eq!(f.voters(1).await, ["cp-1", "cp-2", "cp-3"]);
+}

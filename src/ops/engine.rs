@@ -372,6 +372,9 @@ impl Ops {
             (OpSpec::Apply(o), Step::Apply(s), Facts::Apply(f)) => self.apply_step(o, s, f).await,
             (OpSpec::Drill(o), Step::Drill(_), Facts::Drill(f)) => self.drill_step(o, f).await,
             (OpSpec::Defrag(_), Step::Defrag(s), Facts::Defrag(f)) => self.defrag_step(s, f).await,
+            (OpSpec::Restore(o), Step::Restore(s), Facts::Restore(f)) => {
+                self.restore_step(o, *s, f).await
+            }
             _ => Err(mismatch(spec, step)),
         }
     }
@@ -395,6 +398,9 @@ impl Ops {
             }
             (OpSpec::Apply(o), Step::Apply(s), Facts::Apply(f)) => {
                 self.reconcile_apply(o, s, f, started).await?
+            }
+            (OpSpec::Restore(_), Step::Restore(s), Facts::Restore(f)) => {
+                self.reconcile_restore(*s, f).await?
             }
             _ => None,
         };

@@ -51,6 +51,7 @@ pub(crate) mod plan;
 mod policy;
 mod preflight;
 mod refusal;
+mod restore;
 mod retire;
 mod sa_validation;
 mod secret_paths;
@@ -81,12 +82,13 @@ pub use migrate::{MigrateFacts, MigrateStep};
 pub use plan::{Facts, Plan, PlannedStep, Step};
 pub use policy::Source;
 pub use refusal::Refusal;
+pub use restore::{RestoreFacts, RestoreStep};
 pub use retire::{PlannedMember, RetireFacts, RetireStep};
 pub use sa_validation::MachineRole;
 pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep};
 pub use spec::{
     ApplyOptions, DefragOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions,
-    OpKind, OpSpec, RetireOptions, SnapshotOptions,
+    OpKind, OpSpec, RestoreOptions, RetireOptions, SnapshotOptions,
 };
 pub use stop::{CancelRefused, StopHandle};
 
@@ -520,6 +522,7 @@ impl Ops {
             OpSpec::Apply(o) => self.plan_apply(o).await?,
             OpSpec::Drill(o) => self.plan_drill(o).await?,
             OpSpec::Defrag(o) => self.plan_defrag(o).await?,
+            OpSpec::Restore(o) => self.plan_restore(o).await?,
         };
         plan.id = id;
         plan.lock = Some(Arc::new(lock));

@@ -14,6 +14,7 @@ use super::drill::{DrillFacts, DrillStep};
 use super::join::{JoinFacts, JoinStep};
 use super::lock::ClusterLock;
 use super::migrate::{MigrateFacts, MigrateStep};
+use super::restore::{RestoreFacts, RestoreStep};
 use super::retire::{RetireFacts, RetireStep};
 use super::snapshot::{SnapshotFacts, SnapshotStep};
 use super::{OpKind, OpSpec, OpsError};
@@ -59,6 +60,8 @@ pub enum Step {
     Drill(DrillStep),
     /// A step of a defragmentation.
     Defrag(DefragStep),
+    /// A step of a restore.
+    Restore(RestoreStep),
 }
 
 impl Step {
@@ -71,6 +74,7 @@ impl Step {
             Step::Apply(s) => s,
             Step::Drill(s) => s,
             Step::Defrag(s) => s,
+            Step::Restore(s) => s,
         }
     }
 
@@ -134,6 +138,8 @@ pub enum Facts {
     Drill(DrillFacts),
     /// A defragmentation's.
     Defrag(DefragFacts),
+    /// A restore's.
+    Restore(RestoreFacts),
 }
 
 /// A fact that a step needs, or the error naming it.

@@ -300,6 +300,33 @@ pub enum Refusal {
         /// The most it may be.
         max: std::time::Duration,
     },
+    /// The snapshot to restore does not verify.
+    #[error("{file} cannot be restored: {error}")]
+    BadSnapshot {
+        /// The file.
+        file: String,
+        /// Why.
+        error: String,
+    },
+    /// A member's etcd answers with a leader: the cluster has quorum, and a
+    /// restore would throw away what was written since the snapshot.
+    #[error(
+        "{node}'s etcd answers with leader {leader}: the cluster has quorum, and a restore would throw away everything written since the snapshot"
+    )]
+    LiveEtcd {
+        /// The node.
+        node: String,
+        /// The leader it reports.
+        leader: String,
+    },
+    /// The node to restore onto cannot take the restore.
+    #[error("{node} cannot be restored onto: {reason}")]
+    RestoreTarget {
+        /// The node.
+        node: String,
+        /// Why.
+        reason: String,
+    },
     /// A defragmentation threshold outside (0, 1].
     #[error(
         "a threshold of {value} is outside (0, 1]: it is the share of a member's database in use below which it is defragmented"

@@ -14,6 +14,7 @@ pub use super::defrag::DefragOptions;
 pub use super::drill::DrillOptions;
 pub use super::join::{JoinOptions, MaintenanceApply};
 pub use super::migrate::MigrateOptions;
+pub use super::restore::RestoreOptions;
 pub use super::retire::RetireOptions;
 pub use super::snapshot::SnapshotOptions;
 
@@ -36,6 +37,8 @@ pub enum OpSpec {
     Drill(DrillOptions),
     /// Defragment etcd's members one at a time, the leader last.
     Defrag(DefragOptions),
+    /// Bring a cluster that lost quorum back from a snapshot.
+    Restore(RestoreOptions),
 }
 
 /// The kinds of operation (an [`OpSpec`] without its options).
@@ -57,6 +60,8 @@ pub enum OpKind {
     Drill,
     /// Defragment etcd's members.
     Defrag,
+    /// Restore etcd from a snapshot.
+    Restore,
 }
 
 impl OpKind {
@@ -70,6 +75,7 @@ impl OpKind {
             OpKind::Apply => "apply",
             OpKind::Drill => "drill",
             OpKind::Defrag => "defrag",
+            OpKind::Restore => "restore",
         }
     }
 }
@@ -91,6 +97,7 @@ impl OpSpec {
             OpSpec::Apply(_) => OpKind::Apply,
             OpSpec::Drill(_) => OpKind::Drill,
             OpSpec::Defrag(_) => OpKind::Defrag,
+            OpSpec::Restore(_) => OpKind::Restore,
         }
     }
 
@@ -100,7 +107,11 @@ impl OpSpec {
         match self {
             OpSpec::Snapshot(_) | OpSpec::Drill(_) => false,
             OpSpec::Join(o) => o.maintenance.is_some(),
-            OpSpec::Retire(_) | OpSpec::Migrate(_) | OpSpec::Apply(_) | OpSpec::Defrag(_) => true,
+            OpSpec::Retire(_)
+            | OpSpec::Migrate(_)
+            | OpSpec::Apply(_)
+            | OpSpec::Defrag(_)
+            | OpSpec::Restore(_) => true,
         }
     }
 }
@@ -130,6 +141,11 @@ pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
         Duration::from_secs(3600),
     ),
     (
+        "rejoin_timeout",
+        Duration::from_secs(1),
+        Duration::from_secs(24 * 3600),
+    ),
+    (
         "reboot_timeout",
         Duration::from_secs(10),
         Duration::from_secs(4 * 3600),
@@ -141,6 +157,7 @@ impl OpSpec {
     pub fn check_bounds(&self) -> Result<(), super::Refusal> {
         let durations: Vec<(&str, Duration)> = match self {
             OpSpec::Snapshot(_) | OpSpec::Drill(_) | OpSpec::Defrag(_) => Vec::new(),
+            OpSpec::Restore(o) => vec![("rejoin_timeout", o.rejoin_timeout)],
             OpSpec::Retire(o) => vec![("silence_timeout", o.silence_timeout)],
             OpSpec::Join(o) => vec![("timeout", o.timeout)],
             OpSpec::Migrate(o) => vec![

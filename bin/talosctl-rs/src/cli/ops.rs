@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use talos_client::ops::{
     ApplyOptions, DefragOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions,
-    OpSpec, Ops, RetireOptions, SnapshotOptions,
+    OpSpec, Ops, RestoreOptions, RetireOptions, SnapshotOptions,
 };
 use talos_opsd_api::{PlanView, default_state_dir};
 
@@ -158,6 +158,20 @@ pub enum OpsCommand {
         /// Defragment every member considered, whatever its share in use.
         #[arg(long)]
         all: bool,
+    },
+    /// Bring a cluster that lost etcd's quorum back from a snapshot, onto
+    /// NODE (whose etcd data was wiped): verify, upload, bootstrap with
+    /// recovery, check, wait for the other control-plane nodes to rejoin.
+    /// Refused while any member's etcd has a leader.
+    Restore {
+        /// The snapshot file.
+        #[arg(long, value_name = "SNAPSHOT")]
+        from: PathBuf,
+        /// The control-plane node to restore onto (address or name).
+        node: String,
+        /// How long the other control-plane nodes may take to rejoin.
+        #[arg(long, value_parser = parse_go_duration)]
+        rejoin_timeout: Option<Duration>,
     },
     /// Prove that a stored backup restores: fetch, decrypt, verify,
     /// restore into a throwaway etcd on this host, compare with its
@@ -338,6 +352,18 @@ impl OpsCommand {
                     o.vip_check = *on;
                 }
                 OpSpec::Apply(o)
+            }
+            OpsCommand::Restore {
+                from,
+                node,
+                rejoin_timeout,
+            } => {
+                let mut o = RestoreOptions::new(
+                    std::path::absolute(from).unwrap_or_else(|_| from.clone()),
+                    node,
+                );
+                set(&mut o.rejoin_timeout, rejoin_timeout);
+                OpSpec::Restore(o)
             }
             OpsCommand::Defrag { threshold, all } => {
                 let mut o = DefragOptions::new();

@@ -173,8 +173,8 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` (and nothing else) on `listener`, HTTP/1.0 style:
-/// one request per connection.
+/// Serves `GET /metrics` and `HEAD /metrics` (and nothing else) on
+/// `listener`, HTTP/1.0 style: one request per connection.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics) {
     let listener = std::sync::Arc::new(listener);
     let accept = || {
@@ -206,20 +206,28 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics) {
                 return;
             }
             let request = String::from_utf8_lossy(&buf[..len]);
-            let path = request.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = if request.starts_with("GET ") && path == "/metrics" {
-                ("200 OK", metrics.encode())
-            } else {
-                ("404 Not Found", "not found: try /metrics\n".to_string())
-            };
-            let head = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
+            let (head, body) = respond(&request, &metrics);
             let _ = conn.write_all(head.as_bytes()).await;
             let _ = conn.write_all(body.as_bytes()).await;
             let _ = conn.shutdown().await;
         });
     })
     .await;
+}
+
+/// The response to `request`: its head, and its body (empty for `HEAD`,
+/// whose head is the one `GET` would have, `content-length` included).
+fn respond(request: &str, metrics: &Metrics) -> (String, String) {
+    let mut words = request.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let (status, body) = match (method, path) {
+        ("GET" | "HEAD", "/metrics") => ("200 OK", metrics.encode()),
+        _ => ("404 Not Found", "not found: try /metrics\n".to_string()),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let body = if method == "HEAD" { String::new() } else { body };
+    (head, body)
 }

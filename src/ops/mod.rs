@@ -81,7 +81,7 @@ pub use policy::Source;
 pub use refusal::Refusal;
 pub use retire::{PlannedMember, RetireFacts, RetireStep};
 pub use sa_validation::MachineRole;
-pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep};
+pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep, held_snapshots};
 pub use spec::{
     ApplyOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions, OpKind, OpSpec,
     RetireOptions, SnapshotOptions,

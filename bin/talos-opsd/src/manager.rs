@@ -409,7 +409,17 @@ impl Manager {
                 tracing::warn!(cluster = %name, "max_age reaches before any date: nothing expires");
                 return;
             };
-            match crate::catalogue::expire(&catalogue, name, &cutoff, &path) {
+            let held = self
+                .journal()
+                .and_then(|j| talos_client::ops::held_snapshots(&j, &fingerprint_of(cluster)));
+            let held = match held {
+                Ok(held) => held,
+                Err(e) => {
+                    tracing::error!(cluster = %name, "nothing expires: reading the journal: {e}");
+                    return;
+                }
+            };
+            match crate::catalogue::expire(&catalogue, name, &cutoff, &path, &held) {
                 Ok(removed) if !removed.is_empty() => {
                     tracing::info!(cluster = %name, removed = removed.len(), "expired snapshots removed")
                 }

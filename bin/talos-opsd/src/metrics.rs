@@ -74,12 +74,12 @@ impl Metrics {
         );
         registry.register(
             "operation_duration_seconds",
-            "How long operations ran",
+            "How long operations' steps ran, interruptions not counted",
             duration.clone(),
         );
         registry.register(
             "snapshot_last_success_timestamp_seconds",
-            "When the last verified snapshot succeeded (Unix time)",
+            "When the last verified snapshot was taken: its snapshot step ended (Unix time)",
             snapshot_time.clone(),
         );
         registry.register(
@@ -89,7 +89,7 @@ impl Metrics {
         );
         registry.register(
             "snapshot_last_duration_seconds",
-            "How long the last verified snapshot took",
+            "How long the last verified snapshot's snapshot step ran",
             snapshot_duration.clone(),
         );
         registry.register(
@@ -131,16 +131,18 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// A verified snapshot of `size` bytes succeeded after `took`.
-    pub fn snapshot_succeeded(&self, cluster: &str, size: u64, took: Duration) {
+    /// A verified snapshot (of `size` bytes, when known) was taken at `at`
+    /// (Unix seconds), its snapshot step having run for `took`.
+    pub fn snapshot_succeeded(&self, cluster: &str, size: Option<u64>, took: Duration, at: f64) {
         let labels = ClusterLabels {
             cluster: cluster.into(),
         };
-        let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() as f64 / 1e9;
-        self.snapshot_time.get_or_create(&labels).set(now);
-        self.snapshot_size
-            .get_or_create(&labels)
-            .set(i64::try_from(size).unwrap_or(i64::MAX));
+        self.snapshot_time.get_or_create(&labels).set(at);
+        if let Some(size) = size {
+            self.snapshot_size
+                .get_or_create(&labels)
+                .set(i64::try_from(size).unwrap_or(i64::MAX));
+        }
         self.snapshot_duration
             .get_or_create(&labels)
             .set(took.as_secs_f64());

@@ -3,8 +3,8 @@
 //! (h2, under tonic) resets a stream whose headers are malformed with
 //! `PROTOCOL_ERROR` and logs nothing at the default level; the usual cause
 //! is a gRPC C-core client (grpc-python among them) that sends the socket's
-//! path as `:authority` for a `unix:` target (`tmp%2Frun%2Fopsd.sock` is no
-//! URI authority). Accepting such a request would mean rewriting the
+//! path as `:authority` for a `unix:` target (`run%2Ftalos-opsd%2Ftalos-opsd.sock`
+//! is no URI authority). Accepting such a request would mean rewriting the
 //! client's compressed (HPACK) header blocks in front of the API; the fix
 //! is the client's (`grpc.default_authority`, see the README), and this
 //! makes the refusal visible: the frames the server writes are scanned

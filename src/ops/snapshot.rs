@@ -534,7 +534,13 @@ mod tests {
         for op in [
             record("r1", "retire", OpState::Failed, names[0], "fp"),
             record("r2", "retire", OpState::Succeeded, names[1], "fp"),
-            record("r3", "retire", OpState::NeedsAttention, names[2], "other-cluster"),
+            record(
+                "r3",
+                "retire",
+                OpState::NeedsAttention,
+                names[2],
+                "other-cluster",
+            ),
         ] {
             journal.create(&op).unwrap();
             journal.set_state(&op.id, op.state).unwrap();

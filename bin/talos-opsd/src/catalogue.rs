@@ -184,8 +184,7 @@ pub fn expire(
         .into_iter()
         .skip(1)
     {
-        if entry.taken.as_str() >= cutoff || entry.path == keep_path || held.contains(&entry.path)
-        {
+        if entry.taken.as_str() >= cutoff || entry.path == keep_path || held.contains(&entry.path) {
             continue;
         }
         for file in [
@@ -225,9 +224,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let catalogue = Catalogue::open(dir.path()).unwrap();
         let mut paths = Vec::new();
-        for (i, time) in ["2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z", "2026-01-03T00:00:00Z"]
-            .into_iter()
-            .enumerate()
+        for (i, time) in [
+            "2026-01-01T00:00:00Z",
+            "2026-01-02T00:00:00Z",
+            "2026-01-03T00:00:00Z",
+        ]
+        .into_iter()
+        .enumerate()
         {
             let path = dir.path().join(format!("s{i}.db"));
             std::fs::write(&path, b"x").unwrap();
@@ -235,8 +238,14 @@ mod tests {
             paths.push(path);
         }
         let held = [paths[0].clone()];
-        let removed = expire(&catalogue, "a", "2027-01-01T00:00:00Z", Path::new("/none"), &held)
-            .unwrap();
+        let removed = expire(
+            &catalogue,
+            "a",
+            "2027-01-01T00:00:00Z",
+            Path::new("/none"),
+            &held,
+        )
+        .unwrap();
         assert_eq!(removed, [paths[1].clone()]);
         assert!(paths[0].exists() && paths[2].exists());
     }

@@ -62,7 +62,8 @@ impl Frames {
                     break;
                 }
                 let h = &self.head;
-                self.left = (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
+                self.left =
+                    (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
                 self.kind = h[3];
                 self.stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
                 self.payload.clear();

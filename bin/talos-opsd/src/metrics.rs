@@ -183,37 +183,42 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics) {
         let listener = std::sync::Arc::clone(&listener);
         async move { listener.accept().await }
     };
-    crate::accept::run("metrics", crate::accept::MAX_METRICS_CONNECTIONS, accept, |(conn, _), permit| {
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut conn = conn;
-            let mut buf = vec![0u8; 4096];
-            let mut len = 0;
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while len < buf.len() {
-                    let n = conn.read(&mut buf[len..]).await?;
-                    if n == 0 {
-                        break;
+    crate::accept::run(
+        "metrics",
+        crate::accept::MAX_METRICS_CONNECTIONS,
+        accept,
+        |(conn, _), permit| {
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let mut conn = conn;
+                let mut buf = vec![0u8; 4096];
+                let mut len = 0;
+                let read = tokio::time::timeout(Duration::from_secs(5), async {
+                    while len < buf.len() {
+                        let n = conn.read(&mut buf[len..]).await?;
+                        if n == 0 {
+                            break;
+                        }
+                        len += n;
+                        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                            break;
+                        }
                     }
-                    len += n;
-                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
+                    Ok::<_, std::io::Error>(())
+                })
+                .await;
+                if !matches!(read, Ok(Ok(()))) {
+                    return;
                 }
-                Ok::<_, std::io::Error>(())
-            })
-            .await;
-            if !matches!(read, Ok(Ok(()))) {
-                return;
-            }
-            let request = String::from_utf8_lossy(&buf[..len]);
-            let (head, body) = respond(&request, &metrics);
-            let _ = conn.write_all(head.as_bytes()).await;
-            let _ = conn.write_all(body.as_bytes()).await;
-            let _ = conn.shutdown().await;
-        });
-    })
+                let request = String::from_utf8_lossy(&buf[..len]);
+                let (head, body) = respond(&request, &metrics);
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(body.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        },
+    )
     .await;
 }
 
@@ -230,6 +235,10 @@ fn respond(request: &str, metrics: &Metrics) -> (String, String) {
         "HTTP/1.1 {status}\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
     );
-    let body = if method == "HEAD" { String::new() } else { body };
+    let body = if method == "HEAD" {
+        String::new()
+    } else {
+        body
+    };
     (head, body)
 }

@@ -314,7 +314,8 @@ async fn raw_call(socket: &std::path::Path, authority: &str) -> Result<u8, u32> 
         loop {
             let mut head = [0u8; 9];
             conn.read_exact(&mut head).await.unwrap();
-            let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+            let len =
+                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
             let mut payload = vec![0u8; len];
             conn.read_exact(&mut payload).await.unwrap();
             let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);

@@ -42,7 +42,10 @@ async fn head_on_metrics_answers_like_get_without_a_body() {
     assert!(get.starts_with("HTTP/1.1 200"), "{get}");
     let head = http(port, "HEAD /metrics HTTP/1.1\r\nhost: x\r\n\r\n").await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("content-type: application/openmetrics-text"), "{head}");
+    assert!(
+        head.contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
     assert_eq!(content_length(&head), content_length(&get), "{head}\n{get}");
     let (_, body) = head.split_once("\r\n\r\n").unwrap();
     assert_eq!(body, "", "HEAD has no body");
@@ -130,7 +133,11 @@ async fn metrics_are_restored_from_the_journal_at_start() {
     let (mut d, port) = daemon(dir.path(), &sim, "").await;
     let mut client = d.client().await;
     for _ in 0..2 {
-        let op = client.start_operation(snapshot()).await.unwrap().into_inner();
+        let op = client
+            .start_operation(snapshot())
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(until_ended(&d, &op.id).await.state, "succeeded");
     }
     let before = scrape(port).await;
@@ -171,9 +178,15 @@ async fn a_resumed_snapshot_reports_its_own_snapshot_step() {
     assert_eq!(op.state, "succeeded", "{op:?}");
     let step = op.steps.iter().find(|s| s.name == "snapshot").unwrap();
     let metrics = scrape(port).await;
-    let at = value(&metrics, "talos_opsd_snapshot_last_success_timestamp_seconds");
+    let at = value(
+        &metrics,
+        "talos_opsd_snapshot_last_success_timestamp_seconds",
+    );
     let took = value(&metrics, "talos_opsd_snapshot_last_duration_seconds");
-    assert!(at < restarted, "taken before the restart: {at} vs {restarted}");
+    assert!(
+        at < restarted,
+        "taken before the restart: {at} vs {restarted}"
+    );
     assert!((at - unix(&step.finished)).abs() < 1e-3, "{at} vs {step:?}");
     assert!(
         (took - step.duration_ms as f64 / 1000.0).abs() < 1e-9,

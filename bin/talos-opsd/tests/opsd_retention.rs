@@ -64,8 +64,15 @@ async fn keep_one_spares_a_failed_retires_safety_snapshot() {
     let journal = talos_client::ops::Journal::open(&dir.path().join("state")).unwrap();
     let retire = journal.list(None).unwrap().remove(0);
     drop(journal);
-    let safety = PathBuf::from(retire.facts["snapshot"].as_str().expect("a safety snapshot"));
-    let source = retire.facts["source"]["address"].as_str().unwrap().to_string();
+    let safety = PathBuf::from(
+        retire.facts["snapshot"]
+            .as_str()
+            .expect("a safety snapshot"),
+    );
+    let source = retire.facts["source"]["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let frozen = (1..=3)
         .map(|i| sim.ip(i))
         .find(|ip| *ip != target && *ip != source)

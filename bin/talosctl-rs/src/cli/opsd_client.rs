@@ -39,7 +39,9 @@ pub async fn dispatch(global: &Global, args: &OpsArgs) -> anyhow::Result<bool> {
         Err(e) if permission_denied(&e).is_some() => bail!(
             "talos-opsd socket {}: {}: this user may not use the daemon's socket (it is the daemon user's only, mode 0600): run as that user, or pass --local to run in this process",
             socket.display(),
-            permission_denied(&e).map(ToString::to_string).unwrap_or_default()
+            permission_denied(&e)
+                .map(ToString::to_string)
+                .unwrap_or_default()
         ),
         Err(e) if !watch => {
             eprintln!(

@@ -16,6 +16,20 @@ struct StepEnded {
     state: StepState,
     duration_ms: u64,
     detail: String,
+    /// Its own start, when the journal does not hold it yet (see
+    /// [`StepEnd::started`]).
+    started: Option<String>,
+}
+
+/// How a step in flight at an interruption was settled on resume.
+enum Resumed {
+    /// The step ran once in this process.
+    No,
+    /// Its reconciler found it done: its start is the journaled one.
+    Confirmed,
+    /// Run again from the start (the journaled start was the interrupted
+    /// attempt's, at the time given).
+    Again(Option<String>),
 }
 
 /// What a run needs besides the record: the typed spec, steps and facts.
@@ -153,7 +167,8 @@ impl Ops {
             if matches!(step.state, StepState::Done | StepState::Skipped) {
                 continue;
             }
-            let started = Instant::now();
+            let mut started = Instant::now();
+            let mut started_at = journal::now();
             // A running step is one in flight when the process died (on
             // resume) or one started in the same commit as the previous
             // step's end. A destructive step that failed is, on resume,
@@ -175,9 +190,26 @@ impl Ops {
                 destructive: step.destructive,
             });
             past_no_return |= typed_step.point_of_no_return();
+            let mut resumed = Resumed::No;
             let result = if in_flight && resuming {
-                self.reconcile(&spec, typed_step, &mut facts, step.started.as_deref())
+                match self
+                    .reconcile(&spec, typed_step, &mut facts, step.started.as_deref())
                     .await
+                {
+                    Ok(Some(outcome)) => {
+                        resumed = Resumed::Confirmed;
+                        Ok(outcome)
+                    }
+                    // Everything else is safe to do again: a new attempt,
+                    // with its own start and duration.
+                    Ok(None) => {
+                        resumed = Resumed::Again(step.started.clone());
+                        started = Instant::now();
+                        started_at = journal::now();
+                        self.execute(&spec, typed_step, &mut facts).await
+                    }
+                    Err(e) => Err(e),
+                }
             } else {
                 self.execute(&spec, typed_step, &mut facts).await
             };
@@ -186,17 +218,26 @@ impl Ops {
                 let facts_value = serde_json::to_value(&facts).unwrap_or_default();
                 return Err(self.stopped_waiting(&id, index, step, cancel, &facts_value)?);
             }
-            let duration_ms = started.elapsed().as_millis() as u64;
             let facts_value = serde_json::to_value(&facts).unwrap_or_default();
             let (state, detail) = match &result {
                 Ok(outcome) => (outcome.state, outcome.detail.clone()),
                 Err(error) => (StepState::Failed, error.to_string()),
             };
-            let ended = StepEnded {
-                state,
-                duration_ms,
-                detail,
-            };
+            let ended = own_times(
+                StepEnded {
+                    state,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    detail,
+                    started: None,
+                },
+                resumed,
+                step.started.as_deref(),
+                // The second half of a unit is journaled as started only
+                // after its call, and a step in flight on resume kept the
+                // interrupted attempt's start: either way its own goes
+                // with its end.
+                (bound || (in_flight && resuming)).then_some(started_at),
+            );
             // The next step of a unit runs at once; this step's end is
             // written with it.
             if result.is_ok() && typed_step.bound_to_next() && index + 1 < steps.len() {
@@ -231,13 +272,14 @@ impl Ops {
                         state: ended.state,
                         duration_ms: ended.duration_ms,
                         detail: Some(&ended.detail),
+                        started: ended.started.as_deref(),
                     };
                     self.journal
                         .remember_step_end(&id, index, &this, &facts_value);
                     return Err(e);
                 }
-                // Recorded once its call has answered: its start is the
-                // time of that answer, within the unit's milliseconds.
+                // Recorded once its call has answered; its own start is
+                // written with its end, just below.
                 self.journal.step_started(&id, index)?;
             }
             // A destructive next step is journaled as started in the same
@@ -289,6 +331,7 @@ impl Ops {
             state: ended.state,
             duration_ms: ended.duration_ms,
             detail: Some(&ended.detail),
+            started: ended.started.as_deref(),
         };
         self.journal.step_ended(id, index, end, facts, next)?;
         let Some(observe) = observe else {
@@ -326,6 +369,7 @@ impl Ops {
             state: StepState::Failed,
             duration_ms: 0,
             detail: Some("cancelled while waiting; nothing was changed"),
+            started: None,
         };
         self.journal.step_ended(id, index, end, facts, None)?;
         self.journal.set_state(id, OpState::Cancelled)?;
@@ -380,15 +424,16 @@ impl Ops {
     }
 
     /// A step in flight at a crash (journaled as started at `started`):
-    /// done already, or run again where that is safe.
+    /// its outcome when it is done already, `None` when it is to run again
+    /// (where that is safe).
     async fn reconcile(
         &mut self,
         spec: &OpSpec,
         step: &Step,
         facts: &mut Facts,
         started: Option<&str>,
-    ) -> Result<Outcome, OpsError> {
-        let reconciled = match (spec, step, &mut *facts) {
+    ) -> Result<Option<Outcome>, OpsError> {
+        Ok(match (spec, step, &mut *facts) {
             (OpSpec::Retire(_), Step::Retire(s), Facts::Retire(f)) => {
                 self.reconcile_retire(*s, f).await?
             }
@@ -403,13 +448,47 @@ impl Ops {
                 self.reconcile_restore(*s, f).await?
             }
             _ => None,
-        };
-        match reconciled {
-            Some(outcome) => Ok(outcome),
-            // Everything else is safe to do again.
-            None => self.execute(spec, step, facts).await,
+        })
+    }
+}
+
+/// A step's end with its own times. `ended` is timed from `attempt` (the
+/// wall-clock start of this process's attempt, when the journal does not
+/// hold it). A step confirmed done on resume ran from its journaled start
+/// (`journaled`) to its confirmation, the interruption included; a step run
+/// again is this attempt alone, its detail naming the interrupted one.
+fn own_times(
+    mut ended: StepEnded,
+    resumed: Resumed,
+    journaled: Option<&str>,
+    attempt: Option<String>,
+) -> StepEnded {
+    use time::OffsetDateTime;
+    use time::format_description::well_known::Rfc3339;
+    ended.started = attempt;
+    match resumed {
+        Resumed::No => {}
+        Resumed::Confirmed => {
+            let since = journaled.and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok());
+            if let Some(since) = since {
+                let ms = (OffsetDateTime::now_utc() - since).whole_milliseconds();
+                ended.duration_ms = u64::try_from(ms).unwrap_or(0);
+                ended.started = journaled.map(str::to_string);
+                ended.detail = format!(
+                    "{}; confirmed on resume (its time since it was sent includes the interruption)",
+                    ended.detail
+                );
+            }
+        }
+        Resumed::Again(first) => {
+            ended.detail = format!(
+                "{}; run again on resume (the attempt started {} was interrupted)",
+                ended.detail,
+                first.as_deref().unwrap_or("earlier")
+            );
         }
     }
+    ended
 }
 
 fn mismatch(spec: &OpSpec, step: &Step) -> OpsError {

@@ -485,8 +485,16 @@ impl Journal {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(|e| self.err(e))?;
         tx.execute(
-            "UPDATE steps SET state = ?3, finished = ?4, duration_ms = ?5, detail = ?6 WHERE op_id = ?1 AND idx = ?2",
-            params![id, index, to_text(&end.state), now, end.duration_ms, end.detail],
+            "UPDATE steps SET state = ?3, finished = ?4, duration_ms = ?5, detail = ?6, started = COALESCE(?7, started) WHERE op_id = ?1 AND idx = ?2",
+            params![
+                id,
+                index,
+                to_text(&end.state),
+                now,
+                end.duration_ms,
+                end.detail,
+                end.started
+            ],
         )
         .map_err(|e| self.err(e))?;
         if let Some(next) = start_next {
@@ -681,6 +689,10 @@ pub(crate) struct StepEnd<'a> {
     pub state: StepState,
     pub duration_ms: u64,
     pub detail: Option<&'a str>,
+    /// The start of the attempt whose end this is, when it is not the start
+    /// already journaled (a step run again on resume, the second half of a
+    /// unit journaled after its call).
+    pub started: Option<&'a str>,
 }
 
 #[cfg(test)]

@@ -57,6 +57,7 @@ fn a_failed_write_is_remembered_and_settled_honestly() {
         state: StepState::Done,
         duration_ms: 7,
         detail: Some("/s/x.db (from n)"),
+        started: None,
     };
     let failed = journal
         .step_ended("op-1", 0, end, &facts, None)

@@ -85,7 +85,7 @@ pub use refusal::Refusal;
 pub use restore::{RestoreFacts, RestoreStep};
 pub use retire::{PlannedMember, RetireFacts, RetireStep};
 pub use sa_validation::MachineRole;
-pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep};
+pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep, held_snapshots};
 pub use spec::{
     ApplyOptions, DefragOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions,
     OpKind, OpSpec, RestoreOptions, RetireOptions, SnapshotOptions,

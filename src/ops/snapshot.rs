@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::cluster::{ClusterView, VOTER_CALL_TIMEOUT, member_address, member_list_any};
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
 use super::policy::{Source, pick_source};
-use super::{OpSpec, Ops, OpsError, Outcome};
+use super::{Journal, OpSpec, OpState, Ops, OpsError, Outcome};
 use crate::client::{ByteStream, MemberId};
 
 /// Options of a snapshot ([`OpSpec::Snapshot`]).
@@ -212,7 +212,8 @@ impl Ops {
             }
             SnapshotStep::Retention => {
                 let newest = need(&facts.snapshot, "snapshot")?;
-                let removed = retain(&facts.dir, &self.context, facts.keep, newest)?;
+                let held = held_snapshots(&self.journal, &self.fingerprint)?;
+                let removed = retain(&facts.dir, &self.context, facts.keep, newest, &held)?;
                 Ok(Outcome::done(if removed.is_empty() {
                     "nothing to remove".to_string()
                 } else {
@@ -366,10 +367,33 @@ fn safe_name(context: &str) -> String {
         .collect()
 }
 
+/// The snapshots retention leaves alone on the cluster of `fingerprint`:
+/// each one an operation took (a retire's or a migration's safety copy, a
+/// snapshot operation's own) while that operation has not succeeded
+/// (running, failed, needs attention, abandoned or cancelled): a person may
+/// need it to repair what the operation left. Read from the journal's
+/// `snapshot` fact, which every format and kind that takes one records.
+pub fn held_snapshots(journal: &Journal, fingerprint: &str) -> Result<Vec<PathBuf>, OpsError> {
+    Ok(journal
+        .list(Some(fingerprint))?
+        .into_iter()
+        .filter(|op| op.state != OpState::Succeeded)
+        .filter_map(|op| op.facts["snapshot"].as_str().map(PathBuf::from))
+        .collect())
+}
+
 /// Keeps the newest `keep` of this cluster's verified snapshots in `dir`
-/// (ours: `CONTEXT-TIME-revN.db` with a sidecar, TIME in UTC to the millisecond); never removes `newest`
-/// nor any other file. Returns the names removed.
-fn retain(dir: &Path, context: &str, keep: usize, newest: &Path) -> Result<Vec<String>, OpsError> {
+/// (ours: `CONTEXT-TIME-revN.db` with a sidecar, TIME in UTC to the
+/// millisecond); never removes `newest`, the newest of them all, any in
+/// `held` (by file name: [`held_snapshots`]) nor any other file. Returns
+/// the names removed.
+fn retain(
+    dir: &Path,
+    context: &str,
+    keep: usize,
+    newest: &Path,
+    held: &[PathBuf],
+) -> Result<Vec<String>, OpsError> {
     if keep == 0 {
         return Ok(Vec::new());
     }
@@ -390,8 +414,17 @@ fn retain(dir: &Path, context: &str, keep: usize, newest: &Path) -> Result<Vec<S
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or_default();
+    let is_held = |name: &str| {
+        held.iter()
+            .any(|h| h.file_name().and_then(|n| n.to_str()) == Some(name))
+    };
     let mut removed = Vec::new();
-    for name in ours.iter().skip(keep).filter(|n| *n != newest) {
+    // `skip(keep)` with `keep >= 1` always passes over the newest of all.
+    for name in ours
+        .iter()
+        .skip(keep)
+        .filter(|n| *n != newest && !is_held(n))
+    {
         for file in [name.clone(), format!("{name}.json")] {
             std::fs::remove_file(dir.join(&file)).map_err(io)?;
         }
@@ -443,7 +476,7 @@ mod tests {
             b"{}",
         )
         .unwrap();
-        let removed = retain(dir.path(), "c", 1, &dir.path().join(names[2])).unwrap();
+        let removed = retain(dir.path(), "c", 1, &dir.path().join(names[2]), &[]).unwrap();
         assert_eq!(removed, [names[1], names[0]]);
         let mut left: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
@@ -461,5 +494,63 @@ mod tests {
                 "notes.txt"
             ]
         );
+    }
+
+    /// keep=1 with a failed retire's safety snapshot in the same directory:
+    /// the retire's copy stays (the journal holds it), and so does the
+    /// newest; only an unheld older one goes.
+    #[test]
+    fn retention_keeps_what_an_unfinished_operation_took() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(&dir.path().join("state")).unwrap();
+        let snaps = dir.path().join("snaps");
+        std::fs::create_dir(&snaps).unwrap();
+        let names = [
+            "c-20260101T000000.000Z-rev1.db",
+            "c-20260102T000000.000Z-rev2.db",
+            "c-20260103T000000.000Z-rev3.db",
+            "c-20260104T000000.000Z-rev4.db",
+        ];
+        for n in names {
+            std::fs::write(snaps.join(n), b"x").unwrap();
+            std::fs::write(snaps.join(format!("{n}.json")), b"{}").unwrap();
+        }
+        let record = |id: &str, kind: &str, state: OpState, snapshot: &str, ca: &str| {
+            let now = super::super::journal::now();
+            super::super::OpRecord {
+                id: id.into(),
+                kind: kind.into(),
+                context: "c".into(),
+                ca_fingerprint: ca.into(),
+                params: serde_json::json!({}),
+                facts: serde_json::json!({ "op": kind, "snapshot": snaps.join(snapshot) }),
+                format: super::super::journal::FORMAT,
+                state,
+                created: now.clone(),
+                updated: now,
+                steps: Vec::new(),
+            }
+        };
+        for op in [
+            record("r1", "retire", OpState::Failed, names[0], "fp"),
+            record("r2", "retire", OpState::Succeeded, names[1], "fp"),
+            record(
+                "r3",
+                "retire",
+                OpState::NeedsAttention,
+                names[2],
+                "other-cluster",
+            ),
+        ] {
+            journal.create(&op).unwrap();
+            journal.set_state(&op.id, op.state).unwrap();
+        }
+        let held = held_snapshots(&journal, "fp").unwrap();
+        assert_eq!(held, [snaps.join(names[0])]);
+        let removed = retain(&snaps, "c", 1, &snaps.join(names[3]), &held).unwrap();
+        assert_eq!(removed, [names[2], names[1]]);
+        assert!(snaps.join(names[0]).exists(), "the failed retire's copy");
+        assert!(snaps.join(format!("{}.json", names[0])).exists());
+        assert!(snaps.join(names[3]).exists(), "the newest");
     }
 }

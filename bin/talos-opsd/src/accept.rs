@@ -131,10 +131,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Held<S> {
 }
 
 /// The Unix socket's connections, bounded and backing off, as a stream for
-/// tonic.
+/// tonic; what HTTP/2 refuses on them is audited
+/// ([`crate::h2audit`]).
 pub fn unix_incoming(
     listener: tokio::net::UnixListener,
-) -> tokio_stream::wrappers::ReceiverStream<io::Result<Held<tokio::net::UnixStream>>> {
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<Held<crate::h2audit::Audited>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
         let listener = Arc::new(listener);
@@ -148,6 +149,7 @@ pub fn unix_incoming(
             |stream, permit| {
                 let tx = tx.clone();
                 tokio::spawn(async move {
+                    let stream = crate::h2audit::Audited::new(stream);
                     let _ = tx.send(Ok(Held::new(stream, permit))).await;
                 });
             },

@@ -165,16 +165,26 @@ impl Catalogue {
 }
 
 /// Removes `cluster`'s catalogued snapshots (file, sidecar, row) taken
-/// before `cutoff` (RFC 3339), never `keep_path`. Returns the paths removed.
+/// before `cutoff` (RFC 3339), never `keep_path`, the newest catalogued one
+/// (whatever its age) nor one in `held` (an operation that has not
+/// succeeded took it: `talos_client::ops::held_snapshots`). Returns the
+/// paths removed.
 pub fn expire(
     catalogue: &Catalogue,
     cluster: &str,
     cutoff: &str,
     keep_path: &Path,
+    held: &[PathBuf],
 ) -> Result<Vec<PathBuf>, String> {
     let mut removed = Vec::new();
-    for entry in catalogue.list(Some(cluster)).map_err(|e| e.to_string())? {
-        if entry.taken.as_str() >= cutoff || entry.path == keep_path {
+    // Newest first: the first is the cluster's newest verified snapshot.
+    for entry in catalogue
+        .list(Some(cluster))
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .skip(1)
+    {
+        if entry.taken.as_str() >= cutoff || entry.path == keep_path || held.contains(&entry.path) {
             continue;
         }
         for file in [
@@ -191,4 +201,52 @@ pub fn expire(
         removed.push(entry.path);
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(node: &str, time: &str) -> SnapshotMetadata {
+        serde_json::from_value(serde_json::json!({
+            "node": node,
+            "time": time,
+            "sha256": "00", "size": 1, "hash": 0, "revision": 1,
+            "total_keys": 1, "total_entries": 1, "total_size": 1
+        }))
+        .unwrap()
+    }
+
+    /// Past `max_age`, what an unfinished operation holds and the newest
+    /// catalogued snapshot stay; only the others go.
+    #[test]
+    fn expiry_spares_held_snapshots_and_the_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalogue = Catalogue::open(dir.path()).unwrap();
+        let mut paths = Vec::new();
+        for (i, time) in [
+            "2026-01-01T00:00:00Z",
+            "2026-01-02T00:00:00Z",
+            "2026-01-03T00:00:00Z",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let path = dir.path().join(format!("s{i}.db"));
+            std::fs::write(&path, b"x").unwrap();
+            catalogue.add("a", "op", &path, &meta("n", time)).unwrap();
+            paths.push(path);
+        }
+        let held = [paths[0].clone()];
+        let removed = expire(
+            &catalogue,
+            "a",
+            "2027-01-01T00:00:00Z",
+            Path::new("/none"),
+            &held,
+        )
+        .unwrap();
+        assert_eq!(removed, [paths[1].clone()]);
+        assert!(paths[0].exists() && paths[2].exists());
+    }
 }

@@ -59,6 +59,7 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
     }
     let metrics = Metrics::new();
     let manager = Manager::new(state_dir.clone(), clusters, metrics.clone())?;
+    crate::history::restore(&manager);
     tracing::info!(
         config = %config_path.display(),
         state_dir = %state_dir.display(),

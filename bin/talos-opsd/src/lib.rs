@@ -8,6 +8,8 @@ pub mod accept;
 pub mod catalogue;
 pub mod config;
 pub mod daemon;
+pub mod h2audit;
+pub mod history;
 pub mod input;
 pub mod listen;
 pub mod manager;

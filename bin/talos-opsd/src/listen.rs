@@ -153,23 +153,110 @@ impl TlsConn {
     }
 }
 
+tokio::task_local! {
+    /// The subject of the client certificate offered in the handshake the
+    /// current task runs (set by [`Recording`] as it verifies it).
+    static OFFERED: std::cell::RefCell<Option<String>>;
+}
+
 /// The TLS handshake on `tcp`, within [`accept::TLS_HANDSHAKE_TIMEOUT`];
-/// a refusal or a timeout is audited.
+/// a refusal or a timeout is audited with the offered certificate's subject
+/// (quoted and cut, for it is the peer's text), or that none was offered.
 async fn handshake_with(
     acceptor: &tokio_rustls::TlsAcceptor,
     tcp: TcpStream,
     addr: SocketAddr,
 ) -> Option<TlsStream<TcpStream>> {
-    match tokio::time::timeout(accept::TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    let offered = std::cell::RefCell::new(None);
+    let spoke = std::sync::atomic::AtomicBool::new(false);
+    let handshake = tokio::time::timeout(accept::TLS_HANDSHAKE_TIMEOUT, async {
+        // Whether the peer sent anything at all, for the audit line.
+        tcp.peek(&mut [0u8; 1]).await?;
+        spoke.store(true, std::sync::atomic::Ordering::Relaxed);
+        acceptor.accept(tcp).await
+    });
+    let (result, offered) = OFFERED
+        .scope(offered, async {
+            let result = handshake.await;
+            (result, OFFERED.with(|o| o.borrow_mut().take()))
+        })
+        .await;
+    let cert = match offered {
+        Some(subject) => format!(
+            "client certificate {:?}",
+            crate::input::truncated(&subject, 256)
+        ),
+        None => "no client certificate".to_string(),
+    };
+    match result {
         Ok(Ok(stream)) => Some(stream),
         Ok(Err(e)) => {
-            tracing::warn!(target: "audit", who = %addr, "TLS handshake refused: {e}");
+            tracing::warn!(target: "audit", who = %addr, offered = %cert, "TLS handshake refused: {e}");
+            None
+        }
+        Err(_) if !spoke.load(std::sync::atomic::Ordering::Relaxed) => {
+            tracing::warn!(target: "audit", who = %addr, "connection closed: it sent nothing within the TLS handshake timeout ({:?})", accept::TLS_HANDSHAKE_TIMEOUT);
             None
         }
         Err(_) => {
-            tracing::warn!(target: "audit", who = %addr, "TLS handshake timed out");
+            tracing::warn!(target: "audit", who = %addr, offered = %cert, "TLS handshake timed out: not completed within {:?}", accept::TLS_HANDSHAKE_TIMEOUT);
             None
         }
+    }
+}
+
+/// The client certificate verifier of the TCP listener: the given one,
+/// which decides, noting the subject of the certificate offered for the
+/// audit line of a refused handshake.
+#[derive(Debug)]
+struct Recording(Arc<dyn rustls::server::danger::ClientCertVerifier>);
+
+impl rustls::server::danger::ClientCertVerifier for Recording {
+    fn offer_client_auth(&self) -> bool {
+        self.0.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.0.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let subject = x509_parser::parse_x509_certificate(end_entity.as_ref())
+            .map(|(_, cert)| cert.subject().to_string())
+            .unwrap_or_else(|_| "(not a parsable X.509 certificate)".into());
+        let _ = OFFERED.try_with(|o| *o.borrow_mut() = Some(subject));
+        self.0.verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
     }
 }
 
@@ -231,7 +318,7 @@ pub fn server_tls(config: &TcpConfig) -> anyhow::Result<rustls::ServerConfig> {
     .context("tcp.client_ca")?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(verifier)
+        .with_client_cert_verifier(Arc::new(Recording(verifier)))
         .with_single_cert(certs, key)
         .context("tcp.cert and tcp.key")?;
     tls.alpn_protocols = vec![b"h2".to_vec()];

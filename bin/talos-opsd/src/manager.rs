@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
 
 use talos_client::Client;
 use talos_client::ops::{
@@ -259,7 +258,6 @@ impl Manager {
         });
         let manager = Arc::clone(self);
         tokio::spawn(async move {
-            let began = Instant::now();
             let started_tx = Mutex::new(Some(started_tx));
             let refuse = |e: OpsError| {
                 if let Some(tx) = started_tx
@@ -321,7 +319,7 @@ impl Manager {
                 return;
             };
             let unsaved = ops.journal().unsaved(&id);
-            manager.finish(&cluster, &id, &running, result, unsaved, began);
+            manager.finish(&cluster, &id, &running, result, unsaved);
         });
         match started_rx.await {
             Ok(result) => Ok(result?),
@@ -340,7 +338,6 @@ impl Manager {
         running: &Running,
         result: Result<OpRecord, OpsError>,
         unsaved: Option<Unsaved>,
-        began: Instant,
     ) {
         let name = &cluster.config.name;
         let mut record = self.journal().and_then(|j| j.get(id));
@@ -357,13 +354,9 @@ impl Manager {
         let parked = matches!(result, Err(OpsError::Parked { .. }));
         let result_label = if parked { "parked" } else { state.as_str() };
         if let Ok(record) = &record {
-            self.metrics
-                .operation(name, &record.kind, result_label, began.elapsed());
-            if let Some(gap) = record.facts["leave_to_reset_gap_ms"].as_f64() {
-                self.metrics.leave_to_reset_gap(name, gap / 1000.0);
-            }
+            crate::history::record(&self.metrics, name, record, result_label);
             if record.kind == talos_client::ops::OpKind::Snapshot.name() {
-                self.after_snapshot(cluster, record, result.is_ok(), began);
+                self.after_snapshot(cluster, record, result.is_ok());
             }
         }
         tracing::info!(target: "audit", op = %id, cluster = %name, result = %result_label, error = %error, "operation ended");
@@ -380,27 +373,20 @@ impl Manager {
         }
     }
 
-    fn after_snapshot(
-        &self,
-        cluster: &ResolvedCluster,
-        record: &OpRecord,
-        ok: bool,
-        began: Instant,
-    ) {
+    /// A snapshot operation ended: its snapshot catalogued and, when it
+    /// succeeded, retention by age.
+    fn after_snapshot(&self, cluster: &ResolvedCluster, record: &OpRecord, ok: bool) {
         let name = &cluster.config.name;
         if !ok {
-            self.metrics.snapshot_failed(name);
             // A verified snapshot the journal names (the operation failed
             // after it, at retention say) is catalogued all the same.
             self.catalogue_snapshot(name, record);
             return;
         }
-        let Some((path, meta)) = self.catalogue_snapshot(name, record) else {
+        let Some((path, _)) = self.catalogue_snapshot(name, record) else {
             return;
         };
         let catalogue = self.catalogue();
-        self.metrics
-            .snapshot_succeeded(name, meta.report.size, began.elapsed());
         if let Err(e) = catalogue.prune_missing(name) {
             tracing::error!(cluster = %name, "{e}");
         }
@@ -409,7 +395,17 @@ impl Manager {
                 tracing::warn!(cluster = %name, "max_age reaches before any date: nothing expires");
                 return;
             };
-            match crate::catalogue::expire(&catalogue, name, &cutoff, &path) {
+            let held = self
+                .journal()
+                .and_then(|j| talos_client::ops::held_snapshots(&j, &fingerprint_of(cluster)));
+            let held = match held {
+                Ok(held) => held,
+                Err(e) => {
+                    tracing::error!(cluster = %name, "nothing expires: reading the journal: {e}");
+                    return;
+                }
+            };
+            match crate::catalogue::expire(&catalogue, name, &cutoff, &path, &held) {
                 Ok(removed) if !removed.is_empty() => {
                     tracing::info!(cluster = %name, removed = removed.len(), "expired snapshots removed")
                 }

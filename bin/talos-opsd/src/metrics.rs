@@ -74,12 +74,12 @@ impl Metrics {
         );
         registry.register(
             "operation_duration_seconds",
-            "How long operations ran",
+            "How long operations' steps ran, interruptions not counted",
             duration.clone(),
         );
         registry.register(
             "snapshot_last_success_timestamp_seconds",
-            "When the last verified snapshot succeeded (Unix time)",
+            "When the last verified snapshot was taken: its snapshot step ended (Unix time)",
             snapshot_time.clone(),
         );
         registry.register(
@@ -89,7 +89,7 @@ impl Metrics {
         );
         registry.register(
             "snapshot_last_duration_seconds",
-            "How long the last verified snapshot took",
+            "How long the last verified snapshot's snapshot step ran",
             snapshot_duration.clone(),
         );
         registry.register(
@@ -131,16 +131,18 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// A verified snapshot of `size` bytes succeeded after `took`.
-    pub fn snapshot_succeeded(&self, cluster: &str, size: u64, took: Duration) {
+    /// A verified snapshot (of `size` bytes, when known) was taken at `at`
+    /// (Unix seconds), its snapshot step having run for `took`.
+    pub fn snapshot_succeeded(&self, cluster: &str, size: Option<u64>, took: Duration, at: f64) {
         let labels = ClusterLabels {
             cluster: cluster.into(),
         };
-        let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() as f64 / 1e9;
-        self.snapshot_time.get_or_create(&labels).set(now);
-        self.snapshot_size
-            .get_or_create(&labels)
-            .set(i64::try_from(size).unwrap_or(i64::MAX));
+        self.snapshot_time.get_or_create(&labels).set(at);
+        if let Some(size) = size {
+            self.snapshot_size
+                .get_or_create(&labels)
+                .set(i64::try_from(size).unwrap_or(i64::MAX));
+        }
         self.snapshot_duration
             .get_or_create(&labels)
             .set(took.as_secs_f64());
@@ -173,53 +175,70 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` (and nothing else) on `listener`, HTTP/1.0 style:
-/// one request per connection.
+/// Serves `GET /metrics` and `HEAD /metrics` (and nothing else) on
+/// `listener`, HTTP/1.0 style: one request per connection.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics) {
     let listener = std::sync::Arc::new(listener);
     let accept = || {
         let listener = std::sync::Arc::clone(&listener);
         async move { listener.accept().await }
     };
-    crate::accept::run("metrics", crate::accept::MAX_METRICS_CONNECTIONS, accept, |(conn, _), permit| {
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut conn = conn;
-            let mut buf = vec![0u8; 4096];
-            let mut len = 0;
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while len < buf.len() {
-                    let n = conn.read(&mut buf[len..]).await?;
-                    if n == 0 {
-                        break;
+    crate::accept::run(
+        "metrics",
+        crate::accept::MAX_METRICS_CONNECTIONS,
+        accept,
+        |(conn, _), permit| {
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let mut conn = conn;
+                let mut buf = vec![0u8; 4096];
+                let mut len = 0;
+                let read = tokio::time::timeout(Duration::from_secs(5), async {
+                    while len < buf.len() {
+                        let n = conn.read(&mut buf[len..]).await?;
+                        if n == 0 {
+                            break;
+                        }
+                        len += n;
+                        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                            break;
+                        }
                     }
-                    len += n;
-                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
+                    Ok::<_, std::io::Error>(())
+                })
+                .await;
+                if !matches!(read, Ok(Ok(()))) {
+                    return;
                 }
-                Ok::<_, std::io::Error>(())
-            })
-            .await;
-            if !matches!(read, Ok(Ok(()))) {
-                return;
-            }
-            let request = String::from_utf8_lossy(&buf[..len]);
-            let path = request.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = if request.starts_with("GET ") && path == "/metrics" {
-                ("200 OK", metrics.encode())
-            } else {
-                ("404 Not Found", "not found: try /metrics\n".to_string())
-            };
-            let head = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = conn.write_all(head.as_bytes()).await;
-            let _ = conn.write_all(body.as_bytes()).await;
-            let _ = conn.shutdown().await;
-        });
-    })
+                let request = String::from_utf8_lossy(&buf[..len]);
+                let (head, body) = respond(&request, &metrics);
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(body.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        },
+    )
     .await;
+}
+
+/// The response to `request`: its head, and its body (empty for `HEAD`,
+/// whose head is the one `GET` would have, `content-length` included).
+fn respond(request: &str, metrics: &Metrics) -> (String, String) {
+    let mut words = request.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let (status, body) = match (method, path) {
+        ("GET" | "HEAD", "/metrics") => ("200 OK", metrics.encode()),
+        _ => ("404 Not Found", "not found: try /metrics\n".to_string()),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let body = if method == "HEAD" {
+        String::new()
+    } else {
+        body
+    };
+    (head, body)
 }

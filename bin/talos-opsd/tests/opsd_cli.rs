@@ -199,3 +199,48 @@ async fn a_migrate_through_the_daemon_joins_from_maintenance_mode_and_retires() 
     assert_eq!(hostnames, ["cp-2", "cp-3", "cp-4"]);
     assert!(members.iter().all(|m| !m.is_learner), "{members:?}");
 }
+
+/// A daemon socket this user may not use (EACCES: the socket is the
+/// daemon user's, mode 0600) is an error naming the socket and the cause,
+/// exit 1; the CLI never takes it for "no daemon" and runs in-process.
+#[tokio::test]
+async fn a_socket_this_user_may_not_use_is_an_error_not_no_daemon() {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    // Others may pass through to the socket (and no more).
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = Daemon::start(dir.path(), "").await;
+    let tc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../certs-example/talosconfig");
+    let mut cmd = command(&tc);
+    cmd.args(["-o", "json", "ops", "list"])
+        .env("TALOS_OPSD_SOCKET", &d.socket)
+        .env("HOME", dir.path());
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // Root may use any socket: the CLI runs as nobody instead.
+        // SAFETY: setgid/setuid between fork and exec, async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    } else {
+        std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o000)).unwrap();
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&d.socket.display().to_string())
+            && stderr.to_lowercase().contains("permission denied"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("running in this process"), "{stderr}");
+}

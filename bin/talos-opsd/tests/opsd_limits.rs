@@ -273,3 +273,93 @@ async fn an_undecodable_request_is_invalid_argument() {
         .await
         .unwrap();
 }
+
+/// One HTTP/2 frame.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len();
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A ListOperations call as grpc-python sends it (headers as HPACK
+/// literals without indexing), with `authority` as its `:authority`; the
+/// server's answer on stream 1: `Ok(HEADERS flags)` or `Err(RST_STREAM
+/// code)`.
+async fn raw_call(socket: &std::path::Path, authority: &str) -> Result<u8, u32> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/opsd.v1.Opsd/ListOperations"),
+        (":authority", authority),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        block.push(0x00);
+        block.push(name.len() as u8);
+        block.extend_from_slice(name.as_bytes());
+        block.push(value.len() as u8);
+        block.extend_from_slice(value.as_bytes());
+    }
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(0x4, 0, 0, &[]));
+    out.extend(h2_frame(0x1, 0x4, 1, &block));
+    out.extend(h2_frame(0x0, 0x1, 1, &[0, 0, 0, 0, 0]));
+    let mut conn = tokio::net::UnixStream::connect(socket).await.unwrap();
+    conn.write_all(&out).await.unwrap();
+    let answer = async {
+        loop {
+            let mut head = [0u8; 9];
+            conn.read_exact(&mut head).await.unwrap();
+            let len =
+                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            conn.read_exact(&mut payload).await.unwrap();
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);
+            match (head[3], stream) {
+                (0x1, 1) => return Ok(head[4]),
+                (0x3, 1) => {
+                    return Err(u32::from_be_bytes([
+                        payload[0], payload[1], payload[2], payload[3],
+                    ]));
+                }
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .expect("an answer on stream 1")
+}
+
+/// Stock grpc-python (C-core) sends the socket's path, percent-encoded, as
+/// `:authority` for `unix:/tmp/d28/opsd.sock`. HTTP/2 refuses it before the
+/// API (a stream reset, PROTOCOL_ERROR), and that refusal is audited with
+/// the caller and the fix; with `localhost` the same call is served.
+#[tokio::test]
+async fn a_socket_path_as_authority_is_refused_with_an_audit_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), "").await;
+    assert_eq!(raw_call(&d.socket, "tmp%2Fd28%2Fopsd.sock").await, Err(1));
+    assert!(raw_call(&d.socket, "localhost").await.is_ok());
+    let log = wait_for("the audit lines", Duration::from_secs(10), || {
+        let log = d.log_text();
+        async move {
+            (log.contains("request refused before it reached the API")
+                && log.contains("list cluster="))
+            .then_some(log)
+        }
+    })
+    .await;
+    let refused = log
+        .lines()
+        .find(|l| l.contains("request refused before it reached the API"))
+        .unwrap();
+    assert!(refused.contains("audit"), "{refused}");
+    assert!(refused.contains("uid="), "{refused}");
+    assert!(refused.contains(":authority"), "{refused}");
+    assert!(refused.contains("grpc.default_authority"), "{refused}");
+}

@@ -111,7 +111,31 @@ async fn crash_and_restart(point: &str) {
         "{}",
         d.log_text()
     );
+    let interrupted = record.in_flight().unwrap();
+    let resumed = done.steps.iter().find(|s| s.name == step).unwrap();
+    assert_own_times(resumed, interrupted.started.as_deref().unwrap());
     assert_retired(&sim, &address).await;
+}
+
+/// The step in flight at the crash, as the resume ended it: start, end and
+/// duration agree, and the detail says how it was settled: confirmed done
+/// (its start the interrupted one, `interrupted`) or run again (its own).
+fn assert_own_times(step: &proto::Step, interrupted: &str) {
+    use time::OffsetDateTime;
+    use time::format_description::well_known::Rfc3339;
+    let at = |t: &str| OffsetDateTime::parse(t, &Rfc3339).unwrap();
+    let (started, finished) = (at(&step.started), at(&step.finished));
+    let wall = (finished - started).whole_milliseconds() as i64;
+    assert!(
+        (wall - step.duration_ms as i64).abs() < 1000,
+        "start, end and duration agree: {step:?}"
+    );
+    if step.detail.contains("confirmed on resume") {
+        assert_eq!(step.started, interrupted, "{step:?}");
+    } else {
+        assert!(step.detail.contains("run again on resume"), "{step:?}");
+        assert!(started > at(interrupted), "its own start: {step:?}");
+    }
 }
 
 #[tokio::test]

@@ -6,12 +6,14 @@ mod daemon;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use daemon::{Daemon, free_port};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use talos_opsd::proto::{self, opsd_client::OpsdClient};
+use talos_test_support::sim::wait_for;
 use tonic::transport::{Endpoint, Uri};
 
 struct Ca {
@@ -169,5 +171,59 @@ fn check_config_refuses_a_tcp_key_that_does_not_match_its_certificate() {
         ok.status.success(),
         "{}",
         String::from_utf8_lossy(&ok.stderr)
+    );
+}
+
+/// A refused handshake's audit line names the certificate offered (its
+/// subject) or that none was; a connection that sends nothing until the
+/// handshake timeout, and one that stops mid-handshake, are audited too.
+#[tokio::test]
+async fn refused_and_silent_handshakes_are_audited_with_the_offered_subject() {
+    use tokio::io::AsyncWriteExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let server_ca = ca("opsd server CA");
+    let client_ca = ca("opsd client CA");
+    let stranger_ca = ca("someone else's CA");
+    let (cert, key) = leaf(&server_ca, "opsd", true);
+    let port = free_port();
+    let config = format!(
+        "\n[tcp]\nlisten = \"127.0.0.1:{port}\"\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n",
+        write(dir.path(), "server.crt", &cert),
+        write(dir.path(), "server.key", &key),
+        write(dir.path(), "clients.crt", &client_ca.pem),
+    );
+    let d = Daemon::start(dir.path(), &config).await;
+    let refused = |log: &str, needle: &str| {
+        log.lines()
+            .any(|l| l.contains("TLS handshake refused") && l.contains(needle))
+    };
+
+    let mallory = leaf(&stranger_ca, "mallory", false);
+    assert!(call(port, &server_ca.pem, Some(&mallory)).await.is_err());
+    assert!(call(port, &server_ca.pem, None).await.is_err());
+    // Silent: connects and sends nothing. Stalled: one byte of a record.
+    let _silent = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let mut stalled = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stalled.write_all(&[0x16]).await.unwrap();
+    let log = wait_for("the audit lines", Duration::from_secs(20), || {
+        let log = d.log_text();
+        async move {
+            (log.contains("sent nothing within the TLS handshake timeout")
+                && log.contains("TLS handshake timed out"))
+            .then_some(log)
+        }
+    })
+    .await;
+    assert!(refused(&log, "CN=mallory"), "{log}");
+    assert!(refused(&log, "no client certificate"), "{log}");
+    assert!(
+        log.lines()
+            .filter(|l| l.contains("audit"))
+            .all(|l| !l.contains("PRIVATE KEY")),
+        "{log}"
     );
 }

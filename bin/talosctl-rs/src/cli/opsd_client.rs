@@ -18,7 +18,9 @@ use super::ops::{OpsArgs, OpsCommand};
 use super::ops_output::{confirm, list, print_plan, progress, report, show_plan};
 
 /// Runs the command through the daemon; `false` when it is to run in this
-/// process (`--local`, no socket, or no daemon answering). An operation is
+/// process (`--local`, no socket, or no daemon answering). A socket that
+/// this user may not use (EACCES, EPERM) is an error naming it, never taken
+/// for "no daemon". An operation is
 /// planned by the daemon first (PlanOperation), shown and confirmed as an
 /// in-process one is, then started with the plan's fingerprint: the daemon
 /// refuses it if the cluster changed in between.
@@ -31,6 +33,16 @@ pub async fn dispatch(global: &Global, args: &OpsArgs) -> anyhow::Result<bool> {
     };
     let mut client = match connect(socket).await {
         Ok(client) => client,
+        // A socket this user may not use is a daemon that is there: running
+        // in this process instead would bypass it (and its lock on the
+        // cluster, when the state directories differ).
+        Err(e) if permission_denied(&e).is_some() => bail!(
+            "talos-opsd socket {}: {}: this user may not use the daemon's socket (it is the daemon user's only, mode 0600): run as that user, or pass --local to run in this process",
+            socket.display(),
+            permission_denied(&e)
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        ),
         Err(e) if !watch => {
             eprintln!(
                 "note: no talos-opsd answers at {} ({e:#}): running in this process",
@@ -167,6 +179,14 @@ fn status(status: tonic::Status) -> anyhow::Error {
         Some(refusal) => talos_client::ops::OpsError::Refused(refusal).into(),
         None => anyhow::anyhow!("{}", status.message()),
     }
+}
+
+/// The refusal (EACCES, EPERM) behind a failed connection, if that is
+/// what failed.
+fn permission_denied(e: &anyhow::Error) -> Option<&std::io::Error> {
+    e.chain()
+        .filter_map(|cause| cause.downcast_ref::<std::io::Error>())
+        .find(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
 }
 
 async fn connect(path: &Path) -> anyhow::Result<OpsdClient<Channel>> {

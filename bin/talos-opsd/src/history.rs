@@ -1,0 +1,92 @@
+//! What the journal says about an ended operation, for the metrics: the
+//! same numbers whether they are recorded as the operation ends or restored
+//! from the journal when the daemon starts (so a restart does not empty
+//! `/metrics`), and the operation's own times, not those of the process
+//! that happened to finish it (a resumed snapshot's last step may take
+//! milliseconds; its snapshot did not).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use talos_client::ops::{OpRecord, OpState};
+use talos_opsd_api::state_name;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::manager::{Manager, fingerprint_of};
+use crate::metrics::Metrics;
+
+/// How long its steps ran, each step's own duration added up: the time an
+/// interrupted operation waited for its resume is not counted.
+pub fn duration(record: &OpRecord) -> Duration {
+    Duration::from_millis(record.steps.iter().filter_map(|s| s.duration_ms).sum())
+}
+
+/// A snapshot operation's `snapshot` step: when it ended (Unix seconds)
+/// and how long it ran.
+pub fn snapshot_step(record: &OpRecord) -> Option<(f64, Duration)> {
+    let step = record.steps.iter().find(|s| s.name == "snapshot")?;
+    let at = OffsetDateTime::parse(step.finished.as_deref()?, &Rfc3339).ok()?;
+    let took = Duration::from_millis(step.duration_ms?);
+    Some((at.unix_timestamp_nanos() as f64 / 1e9, took))
+}
+
+/// The size of the verified snapshot `record` names, from its sidecar.
+fn snapshot_size(record: &OpRecord) -> Option<u64> {
+    let path = PathBuf::from(format!("{}.json", record.facts["snapshot"].as_str()?));
+    let meta: talos_client::snapshot::SnapshotMetadata =
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    Some(meta.report.size)
+}
+
+/// Counts operation `record` of `cluster`, ended with `result` (its state,
+/// or `parked`), into `metrics`.
+pub fn record(metrics: &Metrics, cluster: &str, record: &OpRecord, result: &str) {
+    metrics.operation(cluster, &record.kind, result, duration(record));
+    if let Some(gap) = record.facts["leave_to_reset_gap_ms"].as_f64() {
+        metrics.leave_to_reset_gap(cluster, gap / 1000.0);
+    }
+    if record.kind != talos_client::ops::OpKind::Snapshot.name() {
+        return;
+    }
+    match record.state {
+        OpState::Succeeded => {
+            if let Some((at, took)) = snapshot_step(record) {
+                metrics.snapshot_succeeded(cluster, snapshot_size(record), took, at);
+            }
+        }
+        // Parked: not ended; it is counted when its resume ends it.
+        OpState::Running => {}
+        _ => metrics.snapshot_failed(cluster),
+    }
+}
+
+/// Every ended operation of the configured clusters, oldest first, as if
+/// each had just ended: the counters and histograms count them all, the
+/// gauges keep the newest. Operations still running are counted when they
+/// end.
+pub fn restore(manager: &Manager) {
+    let journal = match manager.journal() {
+        Ok(journal) => journal,
+        Err(e) => {
+            tracing::error!("metrics not restored: {e}");
+            return;
+        }
+    };
+    for cluster in manager.clusters() {
+        let name = &cluster.config.name;
+        let ops = match journal.list(Some(&fingerprint_of(&cluster))) {
+            Ok(ops) => ops,
+            Err(e) => {
+                tracing::error!(cluster = %name, "metrics not restored: {e}");
+                continue;
+            }
+        };
+        let mut restored = 0;
+        for op in ops.iter().rev().filter(|op| op.state != OpState::Running) {
+            record(&manager.metrics, name, op, &state_name(op.state));
+            restored += 1;
+        }
+        tracing::debug!(cluster = %name, operations = restored, "metrics restored from the journal");
+    }
+}

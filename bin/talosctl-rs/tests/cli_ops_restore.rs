@@ -31,16 +31,18 @@ async fn a_cluster_that_lost_quorum_comes_back_from_a_snapshot() {
         .ops(&["--yes", "restore", "--from", &snapshot, &target])
         .await;
     assert_ne!(refused.code, 0, "{}", refused.stdout);
-    assert!(
-        refused.stderr.contains("has quorum"),
-        "{}",
-        refused.stderr
-    );
+    assert!(refused.stderr.contains("has quorum"), "{}", refused.stderr);
     // A file that is not a verified snapshot: refused too.
     let bogus = f.state.path().join("bogus.db");
     std::fs::write(&bogus, vec![0u8; 4096 + 32]).unwrap();
     let bad = f
-        .ops(&["--yes", "restore", "--from", bogus.to_str().unwrap(), &target])
+        .ops(&[
+            "--yes",
+            "restore",
+            "--from",
+            bogus.to_str().unwrap(),
+            &target,
+        ])
         .await;
     assert_ne!(bad.code, 0);
     assert!(bad.stderr.contains("cannot be restored"), "{}", bad.stderr);

@@ -17,7 +17,6 @@ use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterView, VOTER_CALL_TIMEOUT, member_address};
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo};
-use super::policy::unhealthy_voters;
 use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
 use crate::client::{AlarmType, EtcdMember, MemberId};
 
@@ -169,19 +168,15 @@ fn only_nospace(errors: &[String]) -> bool {
 
 /// The voters not healthy in `view`, a NOSPACE alarm excepted.
 fn unfit(view: &ClusterView, except: Option<MemberId>) -> Vec<String> {
-    unhealthy_voters(view, except)
-        .into_iter()
-        .zip(
-            view.voters()
-                .filter(|m| Some(m.id) != except && !view.healthy(m.id)),
+    let nospace_only = |id: MemberId| {
+        matches!(
+            view.statuses.iter().find(|(m, _)| m.id == id),
+            Some((_, Ok(s))) if !s.is_learner && only_nospace(&s.errors)
         )
-        .filter(|(_, m)| {
-            !matches!(
-                view.statuses.iter().find(|(s, _)| s.id == m.id),
-                Some((_, Ok(status))) if !status.is_learner && only_nospace(&status.errors)
-            )
-        })
-        .map(|(text, _)| text)
+    };
+    view.voters()
+        .filter(|m| Some(m.id) != except && !view.healthy(m.id) && !nospace_only(m.id))
+        .map(|m| format!("{} ({})", m.hostname, view.unhealthy_reason(m.id)))
         .collect()
 }
 

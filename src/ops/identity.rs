@@ -202,12 +202,8 @@ impl Ops {
         let client = self
             .client
             .with_call_timeout(super::cluster::VOTER_CALL_TIMEOUT);
-        if let Some(source) = &facts.source
-            && source.address != facts.address
-            && let Ok(members) = client
-                .node(source.address.as_str())
-                .etcd_member_list(true)
-                .await
+        if let Some(source) = survivor_source(facts)
+            && let Ok(members) = client.node(source).etcd_member_list(true).await
         {
             return Ok(members);
         }
@@ -224,18 +220,11 @@ impl Ops {
         let client = self
             .client
             .with_call_timeout(super::cluster::VOTER_CALL_TIMEOUT);
-        let mut members = None;
-        if let Some(source) = &facts.source
-            && source.address != facts.address
-            && let Ok(found) = client
-                .node(source.address.as_str())
-                .resources()
-                .cluster_members()
-                .await
-        {
-            members = Some(found);
-        }
-        let members = match members {
+        let asked = match survivor_source(facts) {
+            Some(source) => client.node(source).resources().cluster_members().await.ok(),
+            None => None,
+        };
+        let members = match asked {
             Some(found) => found,
             None => client.resources().cluster_members().await?,
         };
@@ -337,6 +326,16 @@ pub(crate) enum Checked {
     Send,
     /// The node shows it was reset.
     Evidence(String),
+}
+
+/// The survivor asked first: the snapshot's source, unless it is the
+/// target itself.
+fn survivor_source(facts: &RetireFacts) -> Option<&str> {
+    facts
+        .source
+        .as_ref()
+        .map(|s| s.address.as_str())
+        .filter(|a| *a != facts.address)
 }
 
 fn describe(answer: &Answer) -> String {

@@ -335,9 +335,7 @@ impl Ops {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let dir = self.snapshot_dir(None);
-        let proof = self.take_snapshot(&facts.node, &dir).await?;
-        let report =
-            crate::snapshot::verify_file(&proof).map_err(|e| OpsError::step("check", e))?;
+        let (proof, report) = self.take_snapshot(&facts.node, &dir).await?;
         facts.restored = Some((report.status.revision, report.status.total_keys));
         facts.proof = Some(proof.clone());
         if report.status.revision < facts.revision {

@@ -224,12 +224,13 @@ impl Ops {
     }
 
     /// Takes a verified snapshot from the node at `address` into `dir` as
-    /// `CONTEXT-TIME-revREVISION.db` (with its `.json` sidecar).
+    /// `CONTEXT-TIME-revREVISION.db` (with its `.json` sidecar); returns
+    /// its path and what the verification found.
     pub(super) async fn take_snapshot(
         &self,
         address: &str,
         dir: &Path,
-    ) -> Result<PathBuf, OpsError> {
+    ) -> Result<(PathBuf, crate::snapshot::SnapshotReport), OpsError> {
         std::fs::create_dir_all(dir).map_err(|source| OpsError::Io {
             path: dir.to_owned(),
             source,
@@ -266,7 +267,7 @@ impl Ops {
         std::fs::rename(&saved.sidecar, &sidecar).map_err(io)?;
         std::fs::rename(&saved.path, &path).map_err(io)?;
         crate::files::sync_parent(&path).map_err(io)?;
-        Ok(path)
+        Ok((path, saved.report))
     }
 }
 
@@ -281,14 +282,14 @@ impl Ops {
         dir: &Path,
     ) -> Result<(PathBuf, Source, String), OpsError> {
         let stalled = match self.take_snapshot(&first.address, dir).await {
-            Ok(path) => return Ok((path, first.clone(), String::new())),
+            Ok((path, _)) => return Ok((path, first.clone(), String::new())),
             Err(e @ OpsError::SnapshotStalled { .. }) => e,
             Err(e) => return Err(e),
         };
         let Some(source) = self.other_source(&first.address, exclude).await else {
             return Err(stalled);
         };
-        let path = self.take_snapshot(&source.address, dir).await?;
+        let (path, _) = self.take_snapshot(&source.address, dir).await?;
         let note = format!("; {stalled}, taken from {} instead", source.name);
         Ok((path, source, note))
     }

@@ -4,11 +4,9 @@
 
 mod daemon;
 
-use std::time::Duration;
-
 use daemon::{Daemon, cluster_toml, free_port};
 use talos_opsd::proto::{self, start_operation_request::Kind};
-use talos_test_support::sim::{SimCluster, wait_for};
+use talos_test_support::sim::SimCluster;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -60,24 +58,6 @@ fn snapshot() -> proto::StartOperationRequest {
         plan_fingerprint: String::new(),
         kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
     }
-}
-
-/// Waits until operation `id` has ended; returns it.
-async fn until_ended(d: &Daemon, id: &str) -> proto::Operation {
-    let client = d.client().await;
-    wait_for("the operation to end", Duration::from_secs(120), || {
-        let mut client = client.clone();
-        let id = id.to_string();
-        async move {
-            let op = client
-                .get_operation(proto::GetOperationRequest { id })
-                .await
-                .ok()?
-                .into_inner();
-            (op.state != "running").then_some(op)
-        }
-    })
-    .await
 }
 
 /// The body of `GET /metrics`.
@@ -138,7 +118,7 @@ async fn metrics_are_restored_from_the_journal_at_start() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(until_ended(&d, &op.id).await.state, "succeeded");
+        assert_eq!(d.until_ended(&op.id).await.state, "succeeded");
     }
     let before = scrape(port).await;
     assert!(
@@ -174,7 +154,7 @@ async fn a_resumed_snapshot_reports_its_own_snapshot_step() {
     let journal = talos_client::ops::Journal::open(&dir.path().join("state")).unwrap();
     let id = journal.list(None).unwrap().remove(0).id;
     drop(journal);
-    let op = until_ended(&d, &id).await;
+    let op = d.until_ended(&id).await;
     assert_eq!(op.state, "succeeded", "{op:?}");
     let step = op.steps.iter().find(|s| s.name == "snapshot").unwrap();
     let metrics = scrape(port).await;
@@ -228,7 +208,7 @@ async fn a_step_run_again_on_resume_has_its_own_start_and_duration() {
     let restarted = OffsetDateTime::now_utc().unix_timestamp_nanos() as f64 / 1e9;
     d.set_env(&[]);
     d.spawn().await;
-    let op = until_ended(&d, &id).await;
+    let op = d.until_ended(&id).await;
     assert_eq!(op.state, "succeeded", "{op:?}");
     let step = op.steps.iter().find(|s| s.name == "snapshot").unwrap();
     let (started, finished) = (unix(&step.started), unix(&step.finished));

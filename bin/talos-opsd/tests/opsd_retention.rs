@@ -4,11 +4,10 @@
 mod daemon;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use daemon::{Daemon, cluster_toml};
 use talos_opsd::proto::{self, start_operation_request::Kind};
-use talos_test_support::sim::{SimCluster, wait_for};
+use talos_test_support::sim::SimCluster;
 
 fn start(kind: Kind) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
@@ -16,24 +15,6 @@ fn start(kind: Kind) -> proto::StartOperationRequest {
         plan_fingerprint: String::new(),
         kind: Some(kind),
     }
-}
-
-/// Waits until operation `id` has ended; returns it.
-async fn until_ended(d: &Daemon, id: &str) -> proto::Operation {
-    let client = d.client().await;
-    wait_for("the operation to end", Duration::from_secs(120), || {
-        let mut client = client.clone();
-        let id = id.to_string();
-        async move {
-            let op = client
-                .get_operation(proto::GetOperationRequest { id })
-                .await
-                .ok()?
-                .into_inner();
-            (op.state != "running").then_some(op)
-        }
-    })
-    .await
 }
 
 /// A retire takes its safety snapshot, then fails its fresh check (the
@@ -81,7 +62,7 @@ async fn keep_one_spares_a_failed_retires_safety_snapshot() {
     assert!(node.freeze_etcd().await);
     d.set_env(&[]);
     d.spawn().await;
-    let failed = until_ended(&d, &retire.id).await;
+    let failed = d.until_ended(&retire.id).await;
     assert!(node.thaw_etcd().await);
     assert_eq!(failed.state, "failed", "{failed:?}");
     assert!(safety.exists(), "{}", safety.display());
@@ -92,7 +73,7 @@ async fn keep_one_spares_a_failed_retires_safety_snapshot() {
         .await
         .unwrap()
         .into_inner();
-    let done = until_ended(&d, &snap.id).await;
+    let done = d.until_ended(&snap.id).await;
     assert_eq!(done.state, "succeeded", "{done:?}");
     assert!(
         safety.exists(),

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use talos_client::client::ResetRequest;
-use talos_client::ops::{Facts, OpSpec, OpsError, RetireOptions};
+use talos_client::ops::{Facts, OpSpec, OpsError};
 use talos_test_support::sim::wait_for;
 
 mod ops_fixture;
@@ -22,20 +22,8 @@ use ops_fixture::{Fixture, newest};
 async fn a_survivor_frozen_after_the_plan_stops_the_retire_before_the_leave() {
     let f = Fixture::start(3).await;
     let target = f.sim.ip(2);
-    let mut ops = f.open_ops();
-    let plan = ops
-        .plan(&OpSpec::Retire(RetireOptions::new(target.clone())))
-        .await
-        .unwrap();
-    let Facts::Retire(facts) = &plan.facts else {
-        panic!("retire facts")
-    };
-    let source = facts.source.as_ref().unwrap().address.clone();
     // The other survivor: neither the target nor the snapshot's source.
-    let frozen = (1..=3)
-        .map(|i| f.sim.ip(i))
-        .find(|ip| *ip != target && *ip != source)
-        .unwrap();
+    let (mut ops, plan, frozen) = f.plan_retire_with_bystander().await;
     let node = f.sim.cluster.node(&frozen).unwrap();
     assert!(node.freeze_etcd().await, "etcd runs on {frozen}");
     let result = ops.run(plan, &mut |_| {}).await;

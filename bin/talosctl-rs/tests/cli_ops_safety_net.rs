@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use talos_client::ops::{Facts, OpSpec, OpsError, RetireOptions};
+use talos_client::ops::{OpSpec, OpsError, RetireOptions};
 use talos_test_support::sim::wait_for;
 
 mod ops_fixture;
@@ -45,20 +45,7 @@ fn detail<'a>(record: &'a serde_json::Value, name: &str) -> &'a str {
 #[tokio::test]
 async fn a_partitioned_survivor_stops_the_retire_at_the_check() {
     let f = Fixture::start(3).await;
-    let target = f.sim.ip(2);
-    let mut ops = f.open_ops();
-    let plan = ops
-        .plan(&OpSpec::Retire(RetireOptions::new(target.clone())))
-        .await
-        .unwrap();
-    let Facts::Retire(facts) = &plan.facts else {
-        panic!("retire facts")
-    };
-    let source = facts.source.as_ref().unwrap().address.clone();
-    let cut = (1..=3)
-        .map(|i| f.sim.ip(i))
-        .find(|ip| *ip != target && *ip != source)
-        .unwrap();
+    let (mut ops, plan, cut) = f.plan_retire_with_bystander().await;
     let name = f.sim.cluster.node(&cut).unwrap().name.clone();
     assert!(f.sim.cluster.partition(&cut).await.unwrap(), "{cut} is up");
     let result = ops.run(plan, &mut |_| {}).await;

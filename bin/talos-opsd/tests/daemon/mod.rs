@@ -112,6 +112,24 @@ impl Daemon {
         connect_unix(&self.socket).await
     }
 
+    /// Waits until operation `id` has ended (within 120 s); returns it.
+    pub async fn until_ended(&self, id: &str) -> talos_opsd::proto::Operation {
+        let client = self.client().await;
+        wait_for("the operation to end", Duration::from_secs(120), || {
+            let mut client = client.clone();
+            let id = id.to_string();
+            async move {
+                let op = client
+                    .get_operation(talos_opsd::proto::GetOperationRequest { id })
+                    .await
+                    .ok()?
+                    .into_inner();
+                (op.state != "running").then_some(op)
+            }
+        })
+        .await
+    }
+
     /// Sends `signal` and waits for the exit; returns the exit code.
     pub async fn signal_and_wait(&mut self, signal: i32) -> Option<i32> {
         let mut child = self.child.take().unwrap();

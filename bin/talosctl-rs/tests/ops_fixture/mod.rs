@@ -60,6 +60,30 @@ impl Fixture {
         talos_client::ops::Ops::open(&context, client, self.state.path()).unwrap()
     }
 
+    /// A retire of node 2 planned (the cluster's lock held by the plan),
+    /// and the survivor that is neither the target nor the snapshot's
+    /// source: the one a fault can hit without touching either.
+    pub async fn plan_retire_with_bystander(
+        &self,
+    ) -> (talos_client::ops::Ops, talos_client::ops::Plan, String) {
+        use talos_client::ops::{Facts, OpSpec, RetireOptions};
+        let target = self.sim.ip(2);
+        let ops = self.open_ops();
+        let plan = ops
+            .plan(&OpSpec::Retire(RetireOptions::new(target.clone())))
+            .await
+            .unwrap();
+        let Facts::Retire(facts) = &plan.facts else {
+            panic!("retire facts")
+        };
+        let source = facts.source.as_ref().unwrap().address.clone();
+        let bystander = (1..=3)
+            .map(|i| self.sim.ip(i))
+            .find(|ip| *ip != target && *ip != source)
+            .unwrap();
+        (ops, plan, bystander)
+    }
+
     /// Voter names, sorted, as node `from` sees them.
     pub async fn voters(&self, from: usize) -> Vec<String> {
         let mut names: Vec<String> = self

@@ -401,10 +401,7 @@ impl Ops {
                     ));
                 }
                 let survivor = facts.source()?.address.clone();
-                self.client
-                    .node(survivor.as_str())
-                    .etcd_remove_member_by_id(id)
-                    .await?;
+                self.remove_member_through(&survivor, id).await?;
                 Ok(Outcome::done(format!(
                     "member {id} removed through {survivor}; wipe {} before it is used again",
                     facts.address
@@ -543,6 +540,33 @@ impl Ops {
     }
 
     /// Whether the node's API answers at all (bounded).
+    /// Removes a member through a survivor. etcd never answers a
+    /// membership proposal that a newly elected leader dropped (raft holds
+    /// conf changes until the leader has applied its log), and Talos sends
+    /// one MemberRemove per call (v1alpha1_server.go,
+    /// EtcdRemoveMemberByID): so each try is bounded, and after a try that
+    /// ran out of time the member list decides whether it landed.
+    async fn remove_member_through(&self, survivor: &str, id: MemberId) -> Result<(), OpsError> {
+        let node = self.client.with_call_timeout(REMOVE_TRY).node(survivor);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match node.etcd_remove_member_by_id(id).await {
+                Ok(()) => return Ok(()),
+                // Gone already: an earlier try landed after its deadline.
+                Err(crate::Error::NotFound(_)) if tries > 1 => return Ok(()),
+                Err(crate::Error::DeadlineExceeded(_)) if tries < REMOVE_TRIES => {
+                    if let Ok(members) = node.etcd_member_list(false).await
+                        && !members.iter().any(|m| m.id == id)
+                    {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     async fn answers(&self, address: &str) -> bool {
         self.client
             .with_call_timeout(Duration::from_secs(5))
@@ -726,6 +750,10 @@ impl Ops {
 
 /// How long each survivor may take to answer the fresh check.
 const FRESH_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One MemberRemove try, and how many before the step fails.
+const REMOVE_TRY: Duration = Duration::from_secs(15);
+const REMOVE_TRIES: u32 = 4;
 
 /// How long a refused reset is sent again.
 const RESET_TIMEOUT: Duration = Duration::from_secs(60);

@@ -245,10 +245,24 @@ func (d *driver) etcdLeaveCluster(ctx context.Context) error {
 		return err
 	}
 
-	// Its member is gone: removing it by id again is NotFound.
-	err = d.c.EtcdRemoveMemberByID(client.WithNode(ctx, d.ips[0]), &machine.EtcdRemoveMemberByIDRequest{MemberId: d.ids[name]})
+	// Its member is gone: removing it by id again is NotFound. A leader
+	// elected after the leave drops membership proposals until it has
+	// applied its whole log (raft keeps a pending configuration index from
+	// its election), and a dropped proposal is never answered: the call
+	// only ends at its deadline, on Talos as here. So each try gets its own
+	// short deadline, as a careful script would give it.
+	deadline := time.Now().Add(30 * time.Second)
 
-	return expect(client.StatusCode(err) == codes.NotFound, "removing the departed member again: %v, want NotFound", err)
+	for {
+		tryCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = d.c.EtcdRemoveMemberByID(client.WithNode(tryCtx, d.ips[0]), &machine.EtcdRemoveMemberByIDRequest{MemberId: d.ids[name]})
+
+		cancel()
+
+		if client.StatusCode(err) != codes.DeadlineExceeded || time.Now().After(deadline) {
+			return expect(client.StatusCode(err) == codes.NotFound, "removing the departed member again: %v, want NotFound", err)
+		}
+	}
 }
 
 // resetPowerOff resets the third node without a reboot while the official

@@ -36,6 +36,7 @@ use tokio::sync::mpsc;
 use crate::snapshot::{Hex, SnapshotError, SnapshotReport, verify_file};
 
 use super::BackupError;
+use super::catalogue::read_kit;
 use super::keys::Identity;
 use super::metadata::{BackupMetadata, Encryption, FORMAT, sidecar_key};
 use super::store::{Store, StoreError, get_all};
@@ -171,11 +172,45 @@ async fn run(
     let Some(verified) = verify(&snapshot, &meta, report).await else {
         return Ok(());
     };
-    let bin = options.etcd_bin_dir.as_deref();
-    etcd::restore_and_compare(
-        bin, &snapshot, &work.path, &meta, &verified, options, report,
-    )
-    .await;
+    let kit = match &meta.kit {
+        None => None,
+        Some(_) => match read_kit(store, &meta, &options.identities).await {
+            Ok(kit) if kit.revision != meta.snapshot.status.revision => {
+                report.fail(
+                    "kit",
+                    format!(
+                        "the kit is of revision {}; the snapshot's is {}",
+                        kit.revision, meta.snapshot.status.revision
+                    ),
+                );
+                return Ok(());
+            }
+            Ok(kit) => {
+                report.pass(
+                    "kit",
+                    format!(
+                        "{} encryption key(s), {} member(s), {} CA fingerprint(s), {} node configuration(s)",
+                        kit.encryption_secrets.len(),
+                        kit.members.len(),
+                        kit.ca_fingerprints.len(),
+                        kit.node_configs.len()
+                    ),
+                );
+                Some(kit)
+            }
+            Err(BackupError::Store(e)) => return Err(BackupError::Store(e)),
+            Err(e) => {
+                report.fail("kit", e.to_string());
+                return Ok(());
+            }
+        },
+    };
+    let expected = etcd::Expected {
+        meta: &meta,
+        verified: &verified,
+        kit: kit.as_ref(),
+    };
+    etcd::restore_and_compare(&snapshot, &work.path, expected, options, report).await;
     Ok(())
 }
 

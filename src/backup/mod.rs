@@ -13,7 +13,8 @@
 //! - [`catalogue`], [`Retention`]: the backups this library wrote, and
 //!   which to keep.
 //! - [`drill`]: fetch, decrypt, verify, restore into a throwaway etcd, and
-//!   compare with the sidecar ([`DrillReport`]).
+//!   compare with the sidecar ([`DrillReport`]); with a kit, one Secret
+//!   encrypted at rest is opened with the kit's key ([`at_rest`]).
 //!
 //! ```no_run
 //! use talos_client::backup::{self, Addressing, BackupRequest, DrillOptions, Recipient};
@@ -36,6 +37,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod at_rest;
 mod catalogue;
 mod drill;
 mod keys;

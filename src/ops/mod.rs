@@ -44,6 +44,8 @@ mod guard;
 mod identity;
 mod join;
 mod journal;
+#[cfg(feature = "backup")]
+mod kit;
 mod lock;
 mod migrate;
 mod offhost;
@@ -85,7 +87,7 @@ pub use refusal::Refusal;
 pub use restore::{RestoreFacts, RestoreStep};
 pub use retire::{PlannedMember, RetireFacts, RetireStep};
 pub use sa_validation::MachineRole;
-pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep, held_snapshots};
+pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep, Tiers, held_snapshots};
 pub use spec::{
     ApplyOptions, DefragOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions,
     OpKind, OpSpec, RestoreOptions, RetireOptions, SnapshotOptions,

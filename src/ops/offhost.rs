@@ -34,11 +34,19 @@ impl Ops {
                     .parse::<crate::backup::Recipient>()
                     .map_err(|e| bad(format!("recipient {recipient:?}: {e}")))?;
             }
+            if options.kit && options.encrypt.is_empty() {
+                return Err(bad(
+                    "a recovery kit holds the cluster's secret-encryption keys and is only stored encrypted: give a recipient".into(),
+                )
+                .into());
+            }
             Ok(OffHost {
                 store: store.to_string(),
                 addressing: addressing.to_string(),
                 recipients: options.encrypt.clone(),
                 key: None,
+                kit: options.kit,
+                tiers: options.tiers,
             })
         }
         #[cfg(not(feature = "backup"))]
@@ -78,6 +86,21 @@ impl Ops {
         let address = facts.source.address.clone();
         let target = self.client.node(address.as_str());
         request.talos_version = target.version().await.ok().map(|v| v.tag);
+        let mut kit_note = String::new();
+        if off.kit {
+            let gathered = self.gather_kit(&address).await?;
+            kit_note = format!(
+                "; kit: {} encryption key(s), {} member(s), {} CA(s), {} configuration digest(s)",
+                gathered.kit.encryption_secrets.len(),
+                gathered.kit.members.len(),
+                gathered.kit.ca_fingerprints.len(),
+                gathered.kit.node_configs.len(),
+            );
+            if !gathered.unread.is_empty() {
+                kit_note += &format!(" ({} did not answer)", gathered.unread.join(", "));
+            }
+            request.kit = Some(gathered.kit);
+        }
         let stall = self.snapshot_stall;
         let stream = tokio::time::timeout(stall, target.etcd_snapshot())
             .await
@@ -110,7 +133,7 @@ impl Ops {
             } else {
                 format!("age-encrypted for {} recipient(s)", off.recipients.len())
             }
-        );
+        ) + &kit_note;
         if let Some(o) = facts.off_host.as_mut() {
             o.key = Some(object.key.clone());
         }
@@ -127,13 +150,14 @@ impl Ops {
         use crate::backup::{self, Retention};
 
         let fail = |e: &dyn std::fmt::Display| OpsError::step("retention", e);
-        if facts.keep == 0 {
-            return Ok(Outcome::done("nothing to remove"));
-        }
         let off = facts
             .off_host
             .clone()
             .ok_or_else(|| OpsError::MissingFact("off_host".into()))?;
+        // keep 0 keeps everything, unless tiers say what to keep.
+        if facts.keep == 0 && off.tiers.is_empty() {
+            return Ok(Outcome::done("nothing to remove"));
+        }
         let store = backup::open_store(&off.store, off.addressing.parse().map_err(|e| fail(&e))?)
             .map_err(|e| fail(&e))?;
         let entries = backup::catalogue(&[&*store]).await.map_err(|e| fail(&e))?;
@@ -143,7 +167,9 @@ impl Ops {
             .collect();
         let retention = Retention {
             keep_last: facts.keep,
-            ..Retention::default()
+            hourly: off.tiers.hourly,
+            daily: off.tiers.daily,
+            weekly: off.tiers.weekly,
         };
         let plan = retention.plan(&ours);
         let removed = backup::apply_retention(&*store, &plan)

@@ -41,6 +41,44 @@ pub struct SnapshotOptions {
     /// of an S3 store.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub s3_addressing: Option<String>,
+    /// Store a recovery kit beside an encrypted off-host snapshot: the
+    /// cluster's secret-encryption keys, members, CA fingerprints and
+    /// configuration digests, encrypted to the same recipients.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub kit: bool,
+    /// Retention tiers of an off-host store, beside `keep` (the newest N).
+    #[serde(skip_serializing_if = "Tiers::is_empty")]
+    pub tiers: Tiers,
+}
+
+/// Besides the newest N: the newest backup of each of the latest `hourly`
+/// hours, `daily` days and `weekly` ISO weeks that have one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct Tiers {
+    /// Hours.
+    pub hourly: usize,
+    /// Days.
+    pub daily: usize,
+    /// ISO weeks.
+    pub weekly: usize,
+}
+
+impl Tiers {
+    /// These tiers.
+    pub fn new(hourly: usize, daily: usize, weekly: usize) -> Tiers {
+        Tiers {
+            hourly,
+            daily,
+            weekly,
+        }
+    }
+
+    /// Whether no tier keeps anything.
+    pub fn is_empty(&self) -> bool {
+        *self == Tiers::default()
+    }
 }
 
 impl SnapshotOptions {
@@ -148,6 +186,12 @@ pub struct OffHost {
     pub recipients: Vec<String>,
     /// The stored object's key, once stored.
     pub key: Option<String>,
+    /// Whether a recovery kit goes beside it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kit: bool,
+    /// Retention tiers beside the newest N.
+    #[serde(default, skip_serializing_if = "Tiers::is_empty")]
+    pub tiers: Tiers,
 }
 
 /// Suffix of our snapshot files; the sidecar adds `.json`.
@@ -160,10 +204,10 @@ impl Ops {
         let source = pick_source(&view, None)?;
         let off_host = match &options.store {
             Some(store) => Some(self.plan_off_host(store, options)?),
-            None if !options.encrypt.is_empty() => {
+            None if !options.encrypt.is_empty() || options.kit || !options.tiers.is_empty() => {
                 return Err(super::Refusal::BadStore {
                     store: self.snapshot_dir(options.dir.as_ref()).display().to_string(),
-                    error: "age encryption is for an off-host store (s3://BUCKET/PREFIX); a local snapshot is kept plain, mode 0600".into(),
+                    error: "age encryption, recovery kits and retention tiers are for an off-host store (s3://BUCKET/PREFIX); a local snapshot is kept plain, mode 0600".into(),
                 }
                 .into());
             }

@@ -119,7 +119,7 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
                     "a snapshot directory (the daemon uses its configured one)",
                 ));
             }
-            if o.store.is_some() || !o.encrypt.is_empty() {
+            if o.store.is_some() || !o.encrypt.is_empty() || o.kit || !o.tiers.is_empty() {
                 return Err(ConvertError::LocalOnly(
                     "an off-host store (the daemon uses its configured one)",
                 ));

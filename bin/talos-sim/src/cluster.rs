@@ -101,7 +101,8 @@ enum NodeKind {
 /// The worker configuration: the control-plane one with `type: worker` and
 /// the CA's certificate only, as `talosctl gen config` writes worker.yaml.
 /// Without the `cluster.etcd` section either, which upstream's Validate
-/// refuses on a worker.
+/// refuses on a worker, nor the secretbox key, which only the control
+/// plane's configuration carries (pkg/machinery/config/generate/init.go).
 fn worker_machine_config(controlplane: &str) -> String {
     let mut in_etcd = false;
     controlplane
@@ -112,7 +113,10 @@ fn worker_machine_config(controlplane: &str) -> String {
             } else if !line.starts_with("   ") {
                 in_etcd = false;
             }
-            !in_etcd && !line.trim_start().starts_with("key: ")
+            let field = line.trim_start();
+            !in_etcd
+                && !field.starts_with("key: ")
+                && !field.starts_with("secretboxEncryptionSecret:")
         })
         .map(|line| line.replace("type: controlplane", "type: worker"))
         .collect::<Vec<_>>()
@@ -136,12 +140,30 @@ pub fn default_machine_config(cfg: &SimConfig, ca: &Ca) -> String {
          ca:\n    crt: {ca_crt}\n    key: {ca_key}\n  certSANs: []\n  \
          install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{version}\n\
          cluster:\n  clusterName: talos-sim\n  controlPlane:\n    endpoint: https://{ip}:6443\n  \
+         secretboxEncryptionSecret: {secretbox}\n  \
          etcd:\n    ca:\n      crt: {ca_crt}\n      key: {ca_key}\n    advertisedSubnets:\n      - 127.0.0.0/8\n",
         version = cfg.talos_version.tag(),
         ip = cfg.node_ip(1),
         ca_crt = b64(&ca.cert_pem),
         ca_key = b64(ca.key_pem()),
+        secretbox = b64_bytes(&random_key()),
     )
+}
+
+/// 32 random bytes: the cluster's secretbox key, as `talosctl gen config`
+/// makes one for every cluster (pkg/machinery/config/generate/secrets/bundle.go).
+fn random_key() -> [u8; 32] {
+    use std::io::Read as _;
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .expect("/dev/urandom is readable");
+    key
+}
+
+fn b64_bytes(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 impl Cluster {
@@ -356,6 +378,13 @@ impl Cluster {
         value_size: usize,
     ) -> Result<(), SimError> {
         self.shared.fill(prefix, count, value_size).await
+    }
+
+    /// Writes one key through the running nodes' etcd (a Kubernetes
+    /// object, say, as kube-apiserver would store it).
+    pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), SimError> {
+        let client = EtcdClient::connect(&self.shared.control_plane_etcd_urls()).await?;
+        Ok(client.put(key.to_vec(), value.to_vec()).await?)
     }
 
     /// Deletes every key under `prefix` and compacts etcd's history, as a

@@ -200,3 +200,120 @@ async fn ops_drill_proves_the_newest_backup_and_catches_a_tampered_one() {
         refused.stderr
     );
 }
+
+/// `--kit` stores the cluster's recovery kit beside an encrypted snapshot:
+/// Debian's `age` and `zstd` turn the object back into a snapshot etcdctl
+/// reads, and the drill opens a Secret kube-apiserver encrypted at rest
+/// with the kit's key; a kit is refused without a recipient.
+#[tokio::test]
+async fn a_kit_goes_beside_the_snapshot_and_its_key_opens_a_secret() {
+    use talos_client::backup::at_rest;
+
+    let f = Fixture::start(3).await;
+    let config = std::fs::read_to_string(f.sim.cluster.dir().join("controlplane.yaml")).unwrap();
+    let secretbox = config
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("secretboxEncryptionSecret: "))
+        .expect("the control plane's configuration has a secretbox key")
+        .to_string();
+    // A Secret as kube-apiserver stores it with Talos' encryption config.
+    let sealed = at_rest::seal_secretbox(&secretbox, b"k8s\0\n\x0c\n\x02v1\x12\x06Secret").unwrap();
+    f.sim
+        .cluster
+        .put(b"/registry/secrets/default/db-password", &sealed)
+        .await
+        .unwrap();
+    let server = S3Server::start(false).await;
+    let identity = Identity::generate();
+    let key_file = f.state.path().join("key.txt");
+    std::fs::write(&key_file, identity.to_secret_text()).unwrap();
+    let recipient = identity.recipient().to_string();
+
+    let refused = snapshot_to(&f, &server, &["--kit"]).await;
+    assert_eq!(
+        refused.code, 2,
+        "clap: --kit needs --encrypt: {}",
+        refused.stderr
+    );
+    assert!(refused.stderr.contains("--encrypt"), "{}", refused.stderr);
+
+    let stored = snapshot_to(&f, &server, &["--encrypt", recipient.as_str(), "--kit"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(stored["state"], "succeeded", "{stored}");
+    let detail = stored["steps"][0]["detail"].as_str().unwrap();
+    assert!(
+        detail
+            .contains("kit: 1 encryption key(s), 3 member(s), 2 CA(s), 3 configuration digest(s)"),
+        "{detail}"
+    );
+    let key = stored["facts"]["off_host"]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let files = server.files();
+    assert!(
+        files
+            .iter()
+            .any(|f| f.ends_with(&format!("prod/{key}.kit.age"))),
+        "{files:?}"
+    );
+    // The kit is age's format: no key in plain text in the bucket.
+    let kit_bytes = std::fs::read(server.object_file(&format!("prod/{key}.kit.age"))).unwrap();
+    assert!(kit_bytes.starts_with(b"age-encryption.org/v1"));
+    assert!(!String::from_utf8_lossy(&kit_bytes).contains(&secretbox));
+
+    // Debian's age and zstd, then etcdctl, read what was stored.
+    let object = server.object_file(&format!("prod/{key}"));
+    let restored = f.state.path().join("restored.db");
+    let pipeline = format!(
+        "age -d -i {} {} | zstd -d -q -o {} && ETCDCTL_API=3 etcdctl snapshot status {} -w json",
+        key_file.display(),
+        object.display(),
+        restored.display(),
+        restored.display()
+    );
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&pipeline)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{pipeline}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(status["revision"].as_i64().unwrap() > 0, "{status}");
+
+    // The drill opens the Secret with the kit's key.
+    let from = format!("s3://{BUCKET}/prod");
+    let drilled = ops_in(
+        &f,
+        &server,
+        &["drill", "--from", &from, "-i", key_file.to_str().unwrap()],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(drilled["state"], "succeeded", "{drilled}");
+    let checks = drilled["facts"]["report"]["checks"].as_array().unwrap();
+    let check = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} check: {checks:?}"))
+            .clone()
+    };
+    assert_eq!(check("kit")["ok"], true, "{checks:?}");
+    let secret = check("kit-secret");
+    assert_eq!(secret["ok"], true, "{secret}");
+    assert!(
+        secret["detail"].as_str().unwrap().starts_with(
+            "/registry/secrets/default/db-password opened with the kit's secretbox key key2"
+        ),
+        "{secret}"
+    );
+}

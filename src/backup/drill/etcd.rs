@@ -13,20 +13,36 @@ use tokio::process::{Child, Command};
 use crate::snapshot::SnapshotReport;
 
 use super::{BackupMetadata, DrillOptions, DrillReport};
+use crate::backup::RecoveryKit;
+use crate::backup::at_rest::{self, ENCRYPTED_PREFIX};
 
 const MEMBER: &str = "drill";
+
+/// What the restored etcd is compared with.
+pub(super) struct Expected<'a> {
+    /// The sidecar.
+    pub meta: &'a BackupMetadata,
+    /// What verifying the fetched snapshot found.
+    pub verified: &'a SnapshotReport,
+    /// The decrypted recovery kit, if the backup has one.
+    pub kit: Option<&'a RecoveryKit>,
+}
 
 /// Restores `snapshot`, starts etcd on it and records the `restore`,
 /// `start`, `revision`, `keys` and `prefixes` checks.
 pub(super) async fn restore_and_compare(
-    bin: Option<&Path>,
     snapshot: &Path,
     work: &Path,
-    meta: &BackupMetadata,
-    verified: &SnapshotReport,
+    expected: Expected<'_>,
     options: &DrillOptions,
     report: &mut DrillReport,
 ) {
+    let Expected {
+        meta,
+        verified,
+        kit,
+    } = expected;
+    let bin = options.etcd_bin_dir.as_deref();
     let Some(etcd) = find(bin, "etcd") else {
         report.fail("restore", "no etcd binary in PATH");
         return;
@@ -82,6 +98,11 @@ pub(super) async fn restore_and_compare(
     let revision = wait_healthy(&mut child, &ctl, &log, options.start_timeout, report).await;
     if let Some(revision) = revision {
         compare(&ctl, revision, meta, verified, report).await;
+        if let Some(kit) = kit
+            && report.ok
+        {
+            open_a_secret(&ctl, kit, report).await;
+        }
     }
     let _ = child.kill().await;
 }
@@ -196,6 +217,61 @@ async fn compare(
         "prefixes",
         format!("{} prefixes, {read} keys read", report.prefixes.len()),
     );
+}
+
+/// The `kit-secret` check: the first Secret kube-apiserver encrypted at
+/// rest opens with the kit's key, so the kit restores a cluster whose
+/// Secrets can be read.
+async fn open_a_secret(ctl: &Ctl, kit: &RecoveryKit, report: &mut DrillReport) {
+    const SECRETS: &str = "/registry/secrets/";
+    let Some(listing) = ctl.json(&["get", SECRETS, "--prefix"]).await else {
+        report.fail(
+            "kit-secret",
+            format!("etcdctl get {SECRETS} --prefix failed"),
+        );
+        return;
+    };
+    let kvs = listing["kvs"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let decode = |field: &serde_json::Value| {
+        field
+            .as_str()
+            .and_then(|v| BASE64.decode(v).ok())
+            .unwrap_or_default()
+    };
+    let Some((key, value)) = kvs
+        .iter()
+        .map(|kv| (decode(&kv["key"]), decode(&kv["value"])))
+        .find(|(_, value)| value.starts_with(ENCRYPTED_PREFIX))
+    else {
+        report.pass(
+            "kit-secret",
+            format!("{} Secret(s), none encrypted at rest", kvs.len()),
+        );
+        return;
+    };
+    let key = String::from_utf8_lossy(&key).into_owned();
+    match at_rest::open(kit, &value) {
+        Ok(opened) if opened.is_kubernetes_object() => report.pass(
+            "kit-secret",
+            format!(
+                "{key} opened with the kit's {} key {} ({} bytes)",
+                opened.provider,
+                opened.key_name,
+                opened.plain.len()
+            ),
+        ),
+        Ok(opened) => report.fail(
+            "kit-secret",
+            format!(
+                "{key} opened with the kit's {} key but is not a Kubernetes object",
+                opened.provider
+            ),
+        ),
+        Err(e) => report.fail("kit-secret", format!("{key}: {e}")),
+    }
 }
 
 /// The top-level prefix of a key: `/registry/<type>` for Kubernetes keys,

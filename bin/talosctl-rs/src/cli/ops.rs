@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use talos_client::ops::{
     ApplyOptions, DefragOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions,
-    OpSpec, Ops, RestoreOptions, RetireOptions, SnapshotOptions,
+    OpSpec, Ops, RestoreOptions, RetireOptions, SnapshotOptions, Tiers,
 };
 use talos_opsd_api::{PlanView, default_state_dir};
 
@@ -84,6 +84,11 @@ pub enum OpsCommand {
         /// repeatable): no plaintext anywhere, not even a temporary file.
         #[arg(long = "encrypt", value_name = "RECIPIENT", requires = "to")]
         encrypt: Vec<String>,
+        /// Store a recovery kit beside the encrypted snapshot: Kubernetes'
+        /// secret-encryption keys, the members, CA fingerprints and each
+        /// member's configuration digest (needs --encrypt).
+        #[arg(long, requires = "encrypt")]
+        kit: bool,
         /// How S3 requests address the bucket: `path` (self-hosted servers)
         /// or `virtual` (AWS).
         #[arg(long, value_name = "path|virtual", default_value = "path")]
@@ -92,6 +97,16 @@ pub enum OpsCommand {
         /// default: all, or the daemon's configured retention).
         #[arg(long)]
         keep: Option<usize>,
+        /// Off-host retention tiers beside --keep: the newest backup of
+        /// each of the latest N hours, days and ISO weeks.
+        #[arg(long, value_name = "N", requires = "to")]
+        keep_hourly: Option<usize>,
+        /// See --keep-hourly.
+        #[arg(long, value_name = "N", requires = "to")]
+        keep_daily: Option<usize>,
+        /// See --keep-hourly.
+        #[arg(long, value_name = "N", requires = "to")]
+        keep_weekly: Option<usize>,
     },
     /// Retire a control-plane node: snapshot, forfeit, leave, reset at once.
     Retire {
@@ -269,8 +284,12 @@ impl OpsCommand {
                 dir,
                 to,
                 encrypt,
+                kit,
                 s3_addressing,
                 keep,
+                keep_hourly,
+                keep_daily,
+                keep_weekly,
             } => {
                 let (dir, store) = match to {
                     Some(to) if to.starts_with("s3://") => (dir.clone(), Some(to.clone())),
@@ -279,6 +298,12 @@ impl OpsCommand {
                 };
                 let mut o = SnapshotOptions::new(dir, *keep);
                 o.encrypt = encrypt.clone();
+                o.kit = *kit;
+                o.tiers = Tiers::new(
+                    keep_hourly.unwrap_or(0),
+                    keep_daily.unwrap_or(0),
+                    keep_weekly.unwrap_or(0),
+                );
                 if store.is_some() {
                     o.store = store;
                     o.s3_addressing = Some(s3_addressing.clone());

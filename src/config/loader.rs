@@ -241,7 +241,7 @@ impl TalosConfig {
                 path: location.path.clone(),
             });
         }
-        crate::files::write_atomic(&location.path, self.to_yaml().as_bytes()).map_err(|source| {
+        crate::atomic::write_atomic(&location.path, self.to_yaml().as_bytes()).map_err(|source| {
             ConfigError::Write {
                 path: location.path.clone(),
                 source,

@@ -256,7 +256,7 @@ where
     let (from, to, json) = (part.clone(), path.to_owned(), sidecar.clone());
     blocking(path, move || {
         fs::rename(&from, &to)?;
-        crate::files::sync_parent(&to)?;
+        crate::atomic::sync_parent(&to)?;
         write_sidecar(&json, &metadata)
     })
     .await?;
@@ -486,7 +486,7 @@ fn create_private(path: &Path) -> io::Result<File> {
 fn write_sidecar(path: &Path, metadata: &SnapshotMetadata) -> io::Result<()> {
     let mut json = serde_json::to_vec_pretty(metadata).map_err(io::Error::other)?;
     json.push(b'\n');
-    crate::files::write_atomic(path, &json)
+    crate::atomic::write_atomic(path, &json)
 }
 
 #[cfg(test)]

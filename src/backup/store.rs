@@ -78,6 +78,7 @@ pub enum StoreError {
 
 /// One object of a store, as [`Store::list`] returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ObjectInfo {
     /// The key, relative to the store's root.
     pub key: String,

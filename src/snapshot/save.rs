@@ -28,6 +28,7 @@ const BATCH_MIN: usize = 64 * 1024;
 
 /// A snapshot [`save`] kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SavedSnapshot {
     /// What it contains.
     pub report: SnapshotReport,
@@ -41,6 +42,7 @@ pub struct SavedSnapshot {
 
 /// The JSON sidecar written next to a saved snapshot (`PATH.json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SnapshotMetadata {
     /// The node the snapshot was taken from.
     pub node: String,

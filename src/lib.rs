@@ -36,11 +36,11 @@
 #![warn(missing_docs)]
 
 pub mod api;
+mod atomic;
 #[cfg(feature = "backup")]
 pub mod backup;
 pub mod client;
 pub mod config;
-pub mod files;
 pub mod maintenance;
 #[cfg(feature = "ops")]
 pub mod ops;

@@ -291,6 +291,7 @@ pub fn parse_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError>
 
 /// What a Talos client certificate says about its holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CertificateInfo {
     /// Subject distinguished name, e.g. `O=os:admin`.
     pub subject: String,

@@ -42,14 +42,7 @@ async fn the_catalogue_lists_our_backups_and_retention_touches_nothing_else() {
 
     let mut request = BackupRequest::new("prod");
     request.recipients = vec![identity.recipient()];
-    request.kit = Some(talos_client::backup::RecoveryKit {
-        cluster: "prod".into(),
-        revision: 0,
-        encryption_secrets: vec![],
-        members: vec![],
-        ca_fingerprints: vec![],
-        node_configs: vec![],
-    });
+    request.kit = Some(talos_client::backup::RecoveryKit::new("prod"));
     for name in ["prod/a.db.zst.age", "prod/b.db.zst.age"] {
         request.key = Some(name.into());
         backup_chunks(&remote, chunks(fixture()), "cp-1", &request)
@@ -118,11 +111,9 @@ async fn the_catalogue_lists_our_backups_and_retention_touches_nothing_else() {
 
     // Keep one per store and cluster: the older remote backup goes, with
     // its kit and sidecar; the local one stays (another store).
-    let plan = Retention {
-        keep_last: 1,
-        ..Retention::default()
-    }
-    .plan(&entries);
+    let mut retention = Retention::default();
+    retention.keep_last = 1;
+    let plan = retention.plan(&entries);
     assert_eq!(plan.delete.len(), 1);
     assert_eq!(plan.delete[0].metadata.object.key, "prod/a.db.zst.age");
     let before_local = keys(&local).await;

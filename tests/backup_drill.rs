@@ -65,11 +65,9 @@ async fn a_drill_restores_the_backup_and_matches_its_sidecar() {
     let key = meta.object.key.clone();
 
     let work = tempfile::tempdir().unwrap();
-    let options = DrillOptions {
-        identities: vec![identity.clone()],
-        work_dir: Some(work.path().to_owned()),
-        ..DrillOptions::default()
-    };
+    let mut options = DrillOptions::default();
+    options.identities = vec![identity.clone()];
+    options.work_dir = Some(work.path().to_owned());
     let report = drill(&store, &key, &options).await.unwrap();
     assert!(report.ok, "{report:#?}");
     assert_eq!(report.revision, Some(meta.snapshot.status.revision));
@@ -114,10 +112,8 @@ async fn a_drill_restores_the_backup_and_matches_its_sidecar() {
     assert!(left.is_empty(), "{left:?}");
 
     // Without the identity: the decrypt check fails.
-    let stranger = DrillOptions {
-        identities: vec![Identity::generate()],
-        ..DrillOptions::default()
-    };
+    let mut stranger = DrillOptions::default();
+    stranger.identities = vec![Identity::generate()];
     assert_failed(&drill(&store, &key, &stranger).await.unwrap(), "decrypt");
 }
 
@@ -133,10 +129,8 @@ async fn a_tampered_backup_fails_the_drill_naming_the_check() {
         .await
         .unwrap();
     let key = stored.metadata.object.key.clone();
-    let options = DrillOptions {
-        identities: vec![identity],
-        ..DrillOptions::default()
-    };
+    let mut options = DrillOptions::default();
+    options.identities = vec![identity];
 
     // One byte changed in the stored object: its sha256 no longer matches.
     let file = server.object_file(&format!("t/{key}"));

@@ -33,23 +33,16 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn kit() -> RecoveryKit {
-    RecoveryKit {
-        cluster: "prod".into(),
-        revision: 0,
-        encryption_secrets: vec![EncryptionSecret {
-            provider: "secretbox".into(),
-            secret: SecretString::new("a2l0LXNlY3JldC10aGF0LW11c3Qtbm90LWxlYWs="),
-        }],
-        members: vec![KitMember {
-            id: 42,
-            hostname: "cp-1".into(),
-            peer_urls: vec!["https://10.5.0.2:2380".into()],
-            client_urls: vec!["https://10.5.0.2:2379".into()],
-            is_learner: false,
-        }],
-        ca_fingerprints: vec![],
-        node_configs: vec![],
-    }
+    let mut member = KitMember::new(42, "cp-1");
+    member.peer_urls = vec!["https://10.5.0.2:2380".into()];
+    member.client_urls = vec!["https://10.5.0.2:2379".into()];
+    let mut kit = RecoveryKit::new("prod");
+    kit.encryption_secrets = vec![EncryptionSecret::new(
+        "secretbox",
+        SecretString::new("a2l0LXNlY3JldC10aGF0LW11c3Qtbm90LWxlYWs="),
+    )];
+    kit.members = vec![member];
+    kit
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

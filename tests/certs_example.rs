@@ -31,10 +31,7 @@ async fn example_talosconfigs_connect_with_their_roles() {
         let config = TalosConfig::read(&path).unwrap();
         let context = config
             .resolve(
-                &Overrides {
-                    endpoints: vec![server.endpoint()],
-                    ..Overrides::default()
-                },
+                &Overrides::default().with_endpoints(vec![server.endpoint()]),
                 &path,
             )
             .unwrap();

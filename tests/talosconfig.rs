@@ -75,11 +75,10 @@ fn overrides_replace_context_endpoints_and_nodes() {
         .contexts
         .insert("b".into(), generated_context(&["10.0.0.9"]));
     let path = Path::new("mem");
-    let overrides = Overrides {
-        context: Some("b".into()),
-        endpoints: vec!["10.1.1.1:50001".into()],
-        nodes: vec!["10.2.2.2".into(), "10.2.2.3".into()],
-    };
+    let overrides = Overrides::default()
+        .with_context(Some("b".into()))
+        .with_endpoints(vec!["10.1.1.1:50001".into()])
+        .with_nodes(vec!["10.2.2.2".into(), "10.2.2.3".into()]);
     let resolved = config.resolve(&overrides, path).unwrap();
     assert_eq!(resolved.name, "b");
     assert_eq!(resolved.endpoints, ["10.1.1.1:50001"]);
@@ -134,10 +133,7 @@ fn unknown_keys_survive_a_round_trip() {
     text.push_str("    auth:\n      siderov1:\n        identity: someone@example.com\n");
     let path = write(dir.path(), "config", &text);
     let config = TalosConfig::read(&path).unwrap();
-    let location = ConfigPath {
-        path: path.clone(),
-        write_allowed: true,
-    };
+    let location = ConfigPath::new(path.clone());
     config.save(&location).unwrap();
     let again = TalosConfig::read(&path).unwrap();
     assert_eq!(config, again);
@@ -266,10 +262,7 @@ fn broken_files_get_errors_naming_file_and_key() {
     let config = TalosConfig::from_yaml(UPSTREAM.as_bytes(), &bad_yaml).unwrap();
     let err = config
         .resolve(
-            &Overrides {
-                context: Some("staging".into()),
-                ..Overrides::default()
-            },
+            &Overrides::default().with_context(Some("staging".into())),
             &bad_yaml,
         )
         .unwrap_err();

@@ -15,6 +15,7 @@ use super::store::{Store, StoreError, get_all};
 
 /// One backup of the catalogue.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CatalogueEntry {
     /// The store it is in ([`Store::describe`]).
     pub store: String,

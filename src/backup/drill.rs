@@ -43,6 +43,7 @@ use super::store::{Store, StoreError, get_all};
 
 /// How to run a drill.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DrillOptions {
     /// Identities to decrypt with (needed for an encrypted backup).
     pub identities: Vec<Identity>,
@@ -69,6 +70,7 @@ impl Default for DrillOptions {
 
 /// One check of a drill.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DrillCheck {
     /// Its name (see the module docs).
     pub name: String,
@@ -80,6 +82,7 @@ pub struct DrillCheck {
 
 /// The outcome of a drill, as JSON for people and machines.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DrillReport {
     /// The store ([`Store::describe`]).
     pub store: String,

@@ -19,6 +19,7 @@ pub const KIT_SUFFIX: &str = ".kit.age";
 
 /// The sidecar of a backup: what the snapshot holds and how it is stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct BackupMetadata {
     /// Always [`FORMAT`].
     pub format: String,
@@ -61,6 +62,7 @@ pub fn sidecar_key(key: &str) -> String {
 
 /// One stored object of a backup.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StoredObject {
     /// Its key in the store.
     pub key: String,
@@ -90,6 +92,7 @@ pub enum Encryption {
 /// What a restore needs beyond the etcd snapshot (stored encrypted, to the
 /// backup's recipients, never in plain form).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RecoveryKit {
     /// The cluster.
     pub cluster: String,
@@ -106,8 +109,23 @@ pub struct RecoveryKit {
     pub node_configs: Vec<NodeConfigDigest>,
 }
 
+impl RecoveryKit {
+    /// An empty kit for `cluster` (revision 0: the pipeline sets it).
+    pub fn new(cluster: impl Into<String>) -> RecoveryKit {
+        RecoveryKit {
+            cluster: cluster.into(),
+            revision: 0,
+            encryption_secrets: Vec::new(),
+            members: Vec::new(),
+            ca_fingerprints: Vec::new(),
+            node_configs: Vec::new(),
+        }
+    }
+}
+
 /// A Kubernetes secret-encryption key of the cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct EncryptionSecret {
     /// The provider: `secretbox` or `aescbc`.
     pub provider: String,
@@ -115,8 +133,19 @@ pub struct EncryptionSecret {
     pub secret: SecretString,
 }
 
+impl EncryptionSecret {
+    /// The key `secret` of `provider`.
+    pub fn new(provider: impl Into<String>, secret: SecretString) -> EncryptionSecret {
+        EncryptionSecret {
+            provider: provider.into(),
+            secret,
+        }
+    }
+}
+
 /// An etcd member.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct KitMember {
     /// Member id.
     pub id: u64,
@@ -130,8 +159,22 @@ pub struct KitMember {
     pub is_learner: bool,
 }
 
+impl KitMember {
+    /// Voting member `id` on `hostname`, its URLs not yet known.
+    pub fn new(id: u64, hostname: impl Into<String>) -> KitMember {
+        KitMember {
+            id,
+            hostname: hostname.into(),
+            peer_urls: Vec::new(),
+            client_urls: Vec::new(),
+            is_learner: false,
+        }
+    }
+}
+
 /// The fingerprint of one certificate authority.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CaFingerprint {
     /// Which CA: `os`, `kubernetes`, `etcd`, `aggregator`...
     pub name: String,
@@ -139,13 +182,34 @@ pub struct CaFingerprint {
     pub sha256: String,
 }
 
+impl CaFingerprint {
+    /// CA `name` whose certificate's DER hashes to `sha256` (hex).
+    pub fn new(name: impl Into<String>, sha256: impl Into<String>) -> CaFingerprint {
+        CaFingerprint {
+            name: name.into(),
+            sha256: sha256.into(),
+        }
+    }
+}
+
 /// A node's machine configuration digest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct NodeConfigDigest {
     /// The node.
     pub node: String,
     /// sha256 of its configuration, hex.
     pub sha256: String,
+}
+
+impl NodeConfigDigest {
+    /// `node`'s configuration, hashing to `sha256` (hex).
+    pub fn new(node: impl Into<String>, sha256: impl Into<String>) -> NodeConfigDigest {
+        NodeConfigDigest {
+            node: node.into(),
+            sha256: sha256.into(),
+        }
+    }
 }
 
 impl serde::Serialize for SecretString {

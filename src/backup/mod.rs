@@ -28,10 +28,8 @@
 //! request.recipients = vec!["age1...".parse::<Recipient>()?];
 //! let stored = backup::backup(&*store, client.etcd_snapshot().await?, &request).await?;
 //!
-//! let options = DrillOptions {
-//!     identities: backup::read_identities("key.txt".as_ref())?,
-//!     ..DrillOptions::default()
-//! };
+//! let mut options = DrillOptions::default();
+//! options.identities = backup::read_identities("key.txt".as_ref())?;
 //! let report = backup::drill(&*store, &stored.metadata.object.key, &options).await?;
 //! println!("{}", serde_json::to_string_pretty(&report)?);
 //! # Ok(()) }

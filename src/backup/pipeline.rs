@@ -40,6 +40,7 @@ const OUT_BATCH: usize = 1 << 20;
 
 /// What to store and how.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BackupRequest {
     /// The cluster's name: the first segment of the key, and in the
     /// sidecar.
@@ -117,6 +118,7 @@ impl BackupRequest {
 
 /// A backup that was stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoredBackup {
     /// Its sidecar, as stored at [`BackupMetadata::sidecar_key`].
     pub metadata: BackupMetadata,

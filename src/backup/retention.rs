@@ -12,6 +12,7 @@ use super::store::{Store, StoreError};
 
 /// How many backups to keep.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Retention {
     /// The newest N.
     pub keep_last: usize,
@@ -25,6 +26,7 @@ pub struct Retention {
 
 /// What [`Retention::plan`] decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetentionPlan {
     /// Kept, with why (`last`, `hourly`, `daily`, `weekly`).
     pub keep: Vec<(CatalogueEntry, Vec<&'static str>)>,

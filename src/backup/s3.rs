@@ -76,6 +76,7 @@ impl fmt::Debug for SecretString {
 
 /// Where and how to reach an S3-compatible store.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct S3Settings {
     /// The bucket.
     pub bucket: String,

@@ -78,6 +78,7 @@ pub enum StoreError {
 
 /// One object of a store, as [`Store::list`] returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ObjectInfo {
     /// The key, relative to the store's root.
     pub key: String,
@@ -233,7 +234,7 @@ impl Store for LocalStore {
         Box::pin(async move {
             let path = self.path(key)?;
             let target = path.clone();
-            tokio::task::spawn_blocking(move || crate::files::write_atomic(&target, &bytes))
+            tokio::task::spawn_blocking(move || crate::atomic::write_atomic(&target, &bytes))
                 .await
                 .map_err(io::Error::other)
                 .and_then(|r| r)
@@ -354,7 +355,7 @@ impl Upload for LocalUpload {
                 drop(file);
                 tokio::fs::rename(&self.part, &self.path).await?;
                 let path = self.path.clone();
-                tokio::task::spawn_blocking(move || crate::files::sync_parent(&path))
+                tokio::task::spawn_blocking(move || crate::atomic::sync_parent(&path))
                     .await
                     .map_err(io::Error::other)?
             }

@@ -97,6 +97,7 @@ impl FromStr for ApplyMode {
 
 /// An apply-config request.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct ApplyRequest {
     /// The machine configuration YAML.
     pub config: Vec<u8>,
@@ -178,6 +179,7 @@ impl FromStr for WipeMode {
 /// A reset request. `Default` is talosctl's default: graceful, reboot,
 /// wipe everything.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ResetRequest {
     /// Leave etcd (and drain) before wiping.
     pub graceful: bool,
@@ -200,6 +202,38 @@ impl Default for ResetRequest {
             user_disks_to_wipe: Vec::new(),
             mode: WipeMode::All,
         }
+    }
+}
+
+impl ResetRequest {
+    /// Whether to leave etcd (and drain) before wiping.
+    pub fn with_graceful(mut self, graceful: bool) -> Self {
+        self.graceful = graceful;
+        self
+    }
+
+    /// Whether to reboot afterwards; `false` powers the node off.
+    pub fn with_reboot(mut self, reboot: bool) -> Self {
+        self.reboot = reboot;
+        self
+    }
+
+    /// Wipes only these system volumes (STATE, EPHEMERAL, META, ...).
+    pub fn with_system_labels_to_wipe(mut self, labels: Vec<String>) -> Self {
+        self.system_labels_to_wipe = labels;
+        self
+    }
+
+    /// Wipes these user disks, by device path.
+    pub fn with_user_disks_to_wipe(mut self, disks: Vec<String>) -> Self {
+        self.user_disks_to_wipe = disks;
+        self
+    }
+
+    /// Which disks to wipe.
+    pub fn with_mode(mut self, mode: WipeMode) -> Self {
+        self.mode = mode;
+        self
     }
 }
 

@@ -8,6 +8,7 @@ use crate::api::{cluster, common, machine};
 
 /// The outcome of a call on one node.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct NodeResult<T> {
     /// The node (as targeted, or as apid named it in `metadata.hostname`).
     pub node: String,

@@ -153,6 +153,7 @@ impl<S: Scope> Client<S> {
 
 /// What the cluster health check should expect.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct HealthCheckRequest {
     /// How long the server may wait for the cluster to become healthy.
     pub wait_timeout: std::time::Duration,
@@ -162,6 +163,35 @@ pub struct HealthCheckRequest {
     pub worker_nodes: Vec<String>,
     /// Kubernetes endpoint to use instead of the discovered one.
     pub force_endpoint: String,
+}
+
+impl HealthCheckRequest {
+    /// A check the server may wait `wait_timeout` for, discovering the
+    /// nodes.
+    pub fn new(wait_timeout: std::time::Duration) -> Self {
+        HealthCheckRequest {
+            wait_timeout,
+            ..HealthCheckRequest::default()
+        }
+    }
+
+    /// Expects these control-plane nodes (empty: discover).
+    pub fn with_control_plane_nodes(mut self, nodes: Vec<String>) -> Self {
+        self.control_plane_nodes = nodes;
+        self
+    }
+
+    /// Expects these worker nodes (empty: discover).
+    pub fn with_worker_nodes(mut self, nodes: Vec<String>) -> Self {
+        self.worker_nodes = nodes;
+        self
+    }
+
+    /// Uses this Kubernetes endpoint instead of the discovered one.
+    pub fn with_force_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.force_endpoint = endpoint.into();
+        self
+    }
 }
 
 impl Client<One> {

@@ -12,6 +12,7 @@ use serde_norway::Mapping;
 
 /// A whole talosconfig file.
 #[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TalosConfig {
     /// Name of the current context.
     #[serde(default)]
@@ -26,6 +27,7 @@ pub struct TalosConfig {
 
 /// One context: where to connect and with which identity.
 #[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Context {
     /// Deprecated single endpoint; folded into `endpoints` when read.
     #[serde(default, skip_serializing_if = "String::is_empty")]

@@ -139,11 +139,22 @@ fn list_or_none(items: &[String]) -> String {
 
 /// A talosconfig location and whether it may be written.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConfigPath {
     /// The file.
     pub path: PathBuf,
     /// False for the in-pod service-account mount.
     pub write_allowed: bool,
+}
+
+impl ConfigPath {
+    /// A talosconfig at `path` that may be written.
+    pub fn new(path: impl Into<PathBuf>) -> ConfigPath {
+        ConfigPath {
+            path: path.into(),
+            write_allowed: true,
+        }
+    }
 }
 
 /// The default locations, in priority order: `$TALOSCONFIG`,
@@ -241,7 +252,7 @@ impl TalosConfig {
                 path: location.path.clone(),
             });
         }
-        crate::files::write_atomic(&location.path, self.to_yaml().as_bytes()).map_err(|source| {
+        crate::atomic::write_atomic(&location.path, self.to_yaml().as_bytes()).map_err(|source| {
             ConfigError::Write {
                 path: location.path.clone(),
                 source,
@@ -368,6 +379,7 @@ fn decode_pem(
 
 /// Command-line style overrides applied on top of a context.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct Overrides {
     /// Use this context instead of the current one.
     pub context: Option<String>,
@@ -377,8 +389,29 @@ pub struct Overrides {
     pub nodes: Vec<String>,
 }
 
+impl Overrides {
+    /// Uses context `name` instead of the current one (`None`: the current).
+    pub fn with_context(mut self, name: Option<String>) -> Self {
+        self.context = name;
+        self
+    }
+
+    /// Replaces the context's endpoints (empty: keep them).
+    pub fn with_endpoints(mut self, endpoints: Vec<String>) -> Self {
+        self.endpoints = endpoints;
+        self
+    }
+
+    /// Replaces the context's nodes (empty: keep them).
+    pub fn with_nodes(mut self, nodes: Vec<String>) -> Self {
+        self.nodes = nodes;
+        self
+    }
+}
+
 /// A context renamed by [`TalosConfig::merge`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Rename {
     /// Name in the merged-in file.
     pub from: String,
@@ -394,6 +427,7 @@ impl fmt::Display for Rename {
 
 /// A context ready to connect with.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ResolvedContext {
     /// File it came from.
     pub path: PathBuf,
@@ -409,6 +443,7 @@ pub struct ResolvedContext {
 
 /// An endpoint's host and port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct EndpointAddr {
     /// Host name or IP address (no brackets).
     pub host: String,

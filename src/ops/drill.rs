@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::plan::{Plan, StepInfo};
 use super::{Ops, OpsError, Outcome, Refusal};
 
-/// Options of a drill ([`OpSpec::Drill`]).
+/// Options of a drill ([`OpSpec::Drill`](super::OpSpec::Drill)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct DrillOptions {

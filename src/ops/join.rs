@@ -128,6 +128,7 @@ impl StepInfo for JoinStep {
 
 /// The maintenance apply as planned: the file's path and hash, the pins.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PlannedMaintenance {
     /// The file (absolute).
     pub config_path: PathBuf,

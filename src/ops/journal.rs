@@ -68,6 +68,7 @@ pub enum StepState {
 
 /// One step of an operation as journaled.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StepRecord {
     /// Position in the plan, from 0.
     pub index: usize,
@@ -104,6 +105,7 @@ impl StepRecord {
 
 /// One operation as journaled.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct OpRecord {
     /// Its id.
     pub id: String,

@@ -8,7 +8,7 @@ use super::{OpRecord, OpState, StepState, now};
 /// the database locked by another process): the end of a step with the
 /// facts that went with it, or an operation's state. Kept in memory so the
 /// operation can be recorded honestly once the journal takes writes again
-/// ([`OpRecord::settled`], [`Journal::settle`]).
+/// ([`OpRecord::settled`], [`Journal::settle`](super::Journal::settle)).
 #[derive(Debug, Clone, Default)]
 pub struct Unsaved {
     /// Step ends not written, in the order they happened (a leave and the

@@ -150,6 +150,7 @@ pub(crate) fn need<'a, T>(fact: &'a Option<T>, name: &str) -> Result<&'a T, OpsE
 
 /// One planned step.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct PlannedStep {
     /// Its name.
     pub name: &'static str,
@@ -183,6 +184,7 @@ impl PlannedStep {
 /// preflight), so no other operation starts between the plan shown and its
 /// run.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Plan {
     /// The id the operation will be journaled under.
     pub id: String,

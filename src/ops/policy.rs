@@ -56,6 +56,7 @@ pub(crate) fn check_removal(view: &ClusterView, id: MemberId, name: &str) -> Res
 
 /// A member a snapshot is taken from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Source {
     /// Its member name.
     pub name: String,

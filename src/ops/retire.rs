@@ -144,6 +144,7 @@ impl StepInfo for RetireStep {
 
 /// The member a retire removes, as the preflight identified it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PlannedMember {
     /// Its member id.
     pub member_id: MemberId,

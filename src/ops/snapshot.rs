@@ -310,7 +310,7 @@ impl Ops {
         };
         std::fs::rename(&saved.sidecar, &sidecar).map_err(io)?;
         std::fs::rename(&saved.path, &path).map_err(io)?;
-        crate::files::sync_parent(&path).map_err(io)?;
+        crate::atomic::sync_parent(&path).map_err(io)?;
         Ok((path, saved.report))
     }
 }

@@ -153,7 +153,7 @@ pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
 ];
 
 impl OpSpec {
-    /// Refuses a duration option outside [`DURATION_BOUNDS`].
+    /// Refuses a duration option outside its bounds (`DURATION_BOUNDS`).
     pub fn check_bounds(&self) -> Result<(), super::Refusal> {
         let durations: Vec<(&str, Duration)> = match self {
             OpSpec::Snapshot(_) | OpSpec::Drill(_) | OpSpec::Defrag(_) => Vec::new(),

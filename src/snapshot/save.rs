@@ -28,6 +28,7 @@ const BATCH_MIN: usize = 64 * 1024;
 
 /// A snapshot [`save`] kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SavedSnapshot {
     /// What it contains.
     pub report: SnapshotReport,
@@ -41,6 +42,7 @@ pub struct SavedSnapshot {
 
 /// The JSON sidecar written next to a saved snapshot (`PATH.json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SnapshotMetadata {
     /// The node the snapshot was taken from.
     pub node: String,
@@ -256,7 +258,7 @@ where
     let (from, to, json) = (part.clone(), path.to_owned(), sidecar.clone());
     blocking(path, move || {
         fs::rename(&from, &to)?;
-        crate::files::sync_parent(&to)?;
+        crate::atomic::sync_parent(&to)?;
         write_sidecar(&json, &metadata)
     })
     .await?;
@@ -486,7 +488,7 @@ fn create_private(path: &Path) -> io::Result<File> {
 fn write_sidecar(path: &Path, metadata: &SnapshotMetadata) -> io::Result<()> {
     let mut json = serde_json::to_vec_pretty(metadata).map_err(io::Error::other)?;
     json.push(b'\n');
-    crate::files::write_atomic(path, &json)
+    crate::atomic::write_atomic(path, &json)
 }
 
 #[cfg(test)]

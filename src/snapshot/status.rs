@@ -41,6 +41,7 @@ use super::bbolt::{BboltError, Corruption, Db, Entry, Value, Visit};
 /// etcd's summary of a snapshot (`etcdutl snapshot status`), with etcd
 /// 3.4's key count alongside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Status {
     /// CRC-32C of bucket names, keys and values.
     pub hash: u32,

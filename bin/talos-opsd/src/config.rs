@@ -284,10 +284,7 @@ impl Config {
             let tc_line = find_key_line(&text[from..], "talosconfig") + line_of(text, from) - 1;
             let context = TalosConfig::read(&cluster.talosconfig)
                 .and_then(|tc| {
-                    let overrides = Overrides {
-                        context: cluster.context.clone(),
-                        ..Overrides::default()
-                    };
+                    let overrides = Overrides::default().with_context(cluster.context.clone());
                     tc.resolve(&overrides, &cluster.talosconfig)
                 })
                 .map_err(|e| invalid(tc_line, key("talosconfig"), e.to_string()))?;

@@ -292,7 +292,7 @@ impl Node {
     }
 
     pub(crate) fn persist_config(&self, yaml: &str) -> std::io::Result<()> {
-        talos_client::files::write_atomic(&self.config_path(), yaml.as_bytes())?;
+        crate::atomic::write_private(&self.config_path(), yaml.as_bytes())?;
         self.configured.store(true, Ordering::Relaxed);
         Ok(())
     }

@@ -62,12 +62,12 @@ async fn a_watch_sees_a_reset_go_through_its_phases_and_the_node_stop() {
     assert_eq!(hello.id.len(), 20);
 
     let actor = node
-        .reset(ResetRequest {
-            graceful: true,
-            reboot: false,
-            system_labels_to_wipe: vec!["STATE".into(), "EPHEMERAL".into()],
-            ..ResetRequest::default()
-        })
+        .reset(
+            ResetRequest::default()
+                .with_graceful(true)
+                .with_reboot(false)
+                .with_system_labels_to_wipe(vec!["STATE".into(), "EPHEMERAL".into()]),
+        )
         .await
         .unwrap();
     let mut seen = Vec::new();
@@ -247,12 +247,12 @@ async fn a_reset_during_another_sequence_is_refused_by_the_lock() {
         .into_inner();
     stream.next().await.unwrap().unwrap();
     let held = sim_node.hold_sequence_lock().await;
-    node.reset(ResetRequest {
-        graceful: false,
-        reboot: false,
-        system_labels_to_wipe: vec!["STATE".into(), "EPHEMERAL".into()],
-        ..ResetRequest::default()
-    })
+    node.reset(
+        ResetRequest::default()
+            .with_graceful(false)
+            .with_reboot(false)
+            .with_system_labels_to_wipe(vec!["STATE".into(), "EPHEMERAL".into()]),
+    )
     .await
     .expect("the reset is answered");
     let refused = tokio::time::timeout(Duration::from_secs(10), async {

@@ -33,10 +33,7 @@ async fn run(
 }
 
 fn wait(seconds: u64) -> HealthCheckRequest {
-    HealthCheckRequest {
-        wait_timeout: Duration::from_secs(seconds),
-        ..HealthCheckRequest::default()
-    }
+    HealthCheckRequest::new(Duration::from_secs(seconds))
 }
 
 async fn healthy_cluster(
@@ -105,10 +102,7 @@ async fn a_powered_off_member_stays_discovered_and_is_named() {
 #[tokio::test]
 async fn cluster_info_sets_the_expected_control_plane() {
     let sim = healthy_cluster(3, |_| {}).await;
-    let request = HealthCheckRequest {
-        control_plane_nodes: vec![sim.ip(1), sim.ip(2)],
-        ..wait(2)
-    };
+    let request = wait(2).with_control_plane_nodes(vec![sim.ip(1), sim.ip(2)]);
     let (_, end) = run(&sim, sim.ip(1), request).await;
     let Err(Error::DeadlineExceeded(f)) = end else {
         panic!("expected DeadlineExceeded, got {end:?}");

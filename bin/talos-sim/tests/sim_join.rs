@@ -65,12 +65,12 @@ async fn a_node_reset_without_leave_rejoins_under_its_old_name() {
     let old = before.iter().find(|m| m.hostname == "cp-3").unwrap().id;
     admin
         .node(sim.ip(3))
-        .reset(ResetRequest {
-            graceful: false,
-            reboot: true,
-            system_labels_to_wipe: vec!["EPHEMERAL".into()],
-            ..ResetRequest::default()
-        })
+        .reset(
+            ResetRequest::default()
+                .with_graceful(false)
+                .with_reboot(true)
+                .with_system_labels_to_wipe(vec!["EPHEMERAL".into()]),
+        )
         .await
         .expect("reset accepted");
     let rejoined = wait_for(

@@ -29,10 +29,8 @@ fn direct(sim: &SimCluster, i: usize) -> Client {
     let config = talos_client::config::TalosConfig::read(&path).unwrap();
     let context = config
         .resolve(
-            &talos_client::config::Overrides {
-                endpoints: vec![sim.cluster.nodes()[i - 1].api.clone()],
-                ..Default::default()
-            },
+            &talos_client::config::Overrides::default()
+                .with_endpoints(vec![sim.cluster.nodes()[i - 1].api.clone()]),
             &path,
         )
         .unwrap();
@@ -47,12 +45,10 @@ async fn reset_without_reboot_powers_the_node_off() {
     let sim = SimCluster::start(3).await;
     let admin = sim.admin();
     let target = direct(&sim, 3);
-    let request = ResetRequest {
-        graceful: false,
-        reboot: false,
-        system_labels_to_wipe: vec!["STATE".into(), "EPHEMERAL".into()],
-        ..ResetRequest::default()
-    };
+    let request = ResetRequest::default()
+        .with_graceful(false)
+        .with_reboot(false)
+        .with_system_labels_to_wipe(vec!["STATE".into(), "EPHEMERAL".into()]);
     let actor = target.reset(request).await.expect("reset accepted");
     assert_eq!(actor.len(), 36, "a UUID actor id: {actor}");
     wait_down(&target).await;
@@ -93,30 +89,23 @@ async fn graceful_reset_leaves_etcd_first() {
 async fn unknown_wipe_labels_are_rejected_and_change_nothing() {
     let sim = SimCluster::start(1).await;
     let client = sim.admin();
-    let request = ResetRequest {
-        system_labels_to_wipe: vec!["STATE".into(), "BOGUS".into()],
-        ..ResetRequest::default()
-    };
+    let request =
+        ResetRequest::default().with_system_labels_to_wipe(vec!["STATE".into(), "BOGUS".into()]);
     let err = client.reset(request).await.unwrap_err();
     assert!(err.to_string().contains("\"BOGUS\""), "{err}");
     assert_eq!(client.hostname().await.unwrap(), "cp-1");
     assert!(sim.cluster.node("cp-1").unwrap().config_path().exists());
 
-    let request = ResetRequest {
-        user_disks_to_wipe: vec!["/dev/sdb".into()],
-        ..ResetRequest::default()
-    };
+    let request = ResetRequest::default().with_user_disks_to_wipe(vec!["/dev/sdb".into()]);
     let err = client.reset(request).await.unwrap_err();
     assert!(err.to_string().contains("/dev/sdb wasn't found"), "{err}");
 }
 
 fn wipe(labels: &[&str]) -> ResetRequest {
-    ResetRequest {
-        graceful: false,
-        reboot: false,
-        system_labels_to_wipe: labels.iter().map(|l| l.to_string()).collect(),
-        ..ResetRequest::default()
-    }
+    ResetRequest::default()
+        .with_graceful(false)
+        .with_reboot(false)
+        .with_system_labels_to_wipe(labels.iter().map(|l| l.to_string()).collect())
 }
 
 /// v1alpha1_server.go Reset looks each label up as a VolumeStatus: the
@@ -242,12 +231,10 @@ async fn a_wiped_node_recovers_etcd_from_an_uploaded_snapshot() {
 
     // Wipe etcd's volume and reboot: the node comes back configured but
     // without etcd, and with no other member to join.
-    let request = ResetRequest {
-        graceful: false,
-        reboot: true,
-        system_labels_to_wipe: vec!["EPHEMERAL".into()],
-        ..ResetRequest::default()
-    };
+    let request = ResetRequest::default()
+        .with_graceful(false)
+        .with_reboot(true)
+        .with_system_labels_to_wipe(vec!["EPHEMERAL".into()]);
     node.reset(request).await.unwrap();
     wait_down(&node).await;
     wait_for("the node to come back", Duration::from_secs(60), || async {

@@ -111,12 +111,10 @@ async fn auto_never_reboots_on_1_14() {
 #[tokio::test]
 async fn the_etcd_volume_exists_on_1_14_only() {
     let sim = start(TalosVersion::V1_13_9).await;
-    let request = ResetRequest {
-        graceful: false,
-        reboot: true,
-        system_labels_to_wipe: vec!["ETCD".into()],
-        ..ResetRequest::default()
-    };
+    let request = ResetRequest::default()
+        .with_graceful(false)
+        .with_reboot(true)
+        .with_system_labels_to_wipe(vec!["ETCD".into()]);
     let err = sim
         .admin()
         .reset(request.clone())

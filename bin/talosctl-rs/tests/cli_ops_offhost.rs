@@ -71,10 +71,8 @@ async fn an_encrypted_off_host_snapshot_is_stored_kept_and_drills() {
         "{}",
         store.describe()
     );
-    let options = DrillOptions {
-        identities: vec![identity],
-        ..DrillOptions::default()
-    };
+    let mut options = DrillOptions::default();
+    options.identities = vec![identity];
     let report = backup::drill(&store, &key, &options).await.unwrap();
     assert!(report.ok, "{report:?}");
     assert!(report.keys.unwrap() >= 40, "{report:?}");

@@ -53,12 +53,12 @@ async fn a_cluster_that_lost_quorum_comes_back_from_a_snapshot() {
     for i in 1..=3 {
         admin
             .node(f.sim.ip(i))
-            .reset(ResetRequest {
-                graceful: false,
-                reboot: true,
-                system_labels_to_wipe: vec!["EPHEMERAL".into()],
-                ..ResetRequest::default()
-            })
+            .reset(
+                ResetRequest::default()
+                    .with_graceful(false)
+                    .with_reboot(true)
+                    .with_system_labels_to_wipe(vec!["EPHEMERAL".into()]),
+            )
             .await
             .unwrap();
     }

@@ -88,12 +88,12 @@ async fn resume_does_not_reset_a_live_member_back_at_the_address() {
     // The node comes back at its address as a new member.
     admin
         .node(target.as_str())
-        .reset(ResetRequest {
-            graceful: false,
-            reboot: true,
-            system_labels_to_wipe: vec!["EPHEMERAL".into()],
-            ..ResetRequest::default()
-        })
+        .reset(
+            ResetRequest::default()
+                .with_graceful(false)
+                .with_reboot(true)
+                .with_system_labels_to_wipe(vec!["EPHEMERAL".into()]),
+        )
         .await
         .expect("reset accepted");
     let rejoined = wait_for(

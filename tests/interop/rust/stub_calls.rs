@@ -266,13 +266,12 @@ pub async fn typed_calls(client: &Client, scratch: &std::path::Path) {
         strings(&["apply warning one", "apply warning two"])
     );
 
-    let reset = ResetRequest {
-        graceful: true,
-        reboot: true,
-        system_labels_to_wipe: strings(&RESET_LABELS),
-        user_disks_to_wipe: strings(&USER_DISKS),
-        mode: WipeMode::SystemDisk,
-    };
+    let reset = ResetRequest::default()
+        .with_graceful(true)
+        .with_reboot(true)
+        .with_system_labels_to_wipe(strings(&RESET_LABELS))
+        .with_user_disks_to_wipe(strings(&USER_DISKS))
+        .with_mode(WipeMode::SystemDisk);
     assert_eq!(node.reset(reset).await.expect("Reset"), "actor-reset-0003");
     assert_eq!(
         node.reboot(RebootMode::Powercycle).await.expect("Reboot"),
@@ -297,12 +296,12 @@ pub async fn typed_calls(client: &Client, scratch: &std::path::Path) {
         .expect("EtcdRecover");
 
     let progress: Vec<String> = node
-        .health_check(HealthCheckRequest {
-            wait_timeout: HEALTH_WAIT,
-            control_plane_nodes: strings(&CONTROL_PLANE_NODES),
-            worker_nodes: strings(&WORKER_NODES),
-            force_endpoint: FORCE_ENDPOINT.into(),
-        })
+        .health_check(
+            HealthCheckRequest::new(HEALTH_WAIT)
+                .with_control_plane_nodes(strings(&CONTROL_PLANE_NODES))
+                .with_worker_nodes(strings(&WORKER_NODES))
+                .with_force_endpoint(FORCE_ENDPOINT),
+        )
         .await
         .expect("HealthCheck")
         .map(|line| line.expect("progress line"))

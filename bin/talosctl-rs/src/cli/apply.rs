@@ -86,12 +86,9 @@ pub async fn run(global: &Global, args: ApplyArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let request = ApplyRequest {
-        config,
-        mode: args.mode,
-        dry_run: args.dry_run,
-        try_timeout: Some(args.timeout),
-    };
+    let request = ApplyRequest::new(config, args.mode)
+        .with_dry_run(args.dry_run)
+        .with_try_timeout(args.timeout);
     if args.insecure {
         return apply_insecure(global, request, &args.cert_fingerprint).await;
     }

@@ -328,13 +328,7 @@ fn merge_target(global: &Global) -> anyhow::Result<(TalosConfig, ConfigPath)> {
             if source.kind() == std::io::ErrorKind::NotFound && global.talosconfig.is_some() =>
         {
             let path = global.talosconfig.clone().expect("checked");
-            Ok((
-                TalosConfig::default(),
-                ConfigPath {
-                    path,
-                    write_allowed: true,
-                },
-            ))
+            Ok((TalosConfig::default(), ConfigPath::new(path)))
         }
         Err(e) => Err(e.into()),
     }

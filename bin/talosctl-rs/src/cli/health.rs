@@ -37,12 +37,10 @@ pub async fn run(global: &Global, args: HealthArgs) -> anyhow::Result<()> {
     {
         control_plane.insert(0, init);
     }
-    let request = HealthCheckRequest {
-        wait_timeout: args.wait_timeout,
-        control_plane_nodes: control_plane,
-        worker_nodes: args.worker_nodes,
-        force_endpoint: args.k8s_endpoint,
-    };
+    let request = HealthCheckRequest::new(args.wait_timeout)
+        .with_control_plane_nodes(control_plane)
+        .with_worker_nodes(args.worker_nodes)
+        .with_force_endpoint(args.k8s_endpoint);
     let mut lines = Vec::new();
     let mut stream = client.health_check(request).await?;
     let mut failure = None;

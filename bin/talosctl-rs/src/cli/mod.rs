@@ -20,6 +20,7 @@ macro_rules! out {
 }
 
 pub mod apply;
+mod atomic;
 pub mod config;
 pub mod etcd;
 pub mod get;
@@ -151,11 +152,10 @@ impl Global {
     /// The current (or `--context`) context with `--endpoints`/`--nodes`.
     pub fn resolve(&self) -> anyhow::Result<ResolvedContext> {
         let (config, location) = self.load_config()?;
-        let overrides = Overrides {
-            context: self.context.clone(),
-            endpoints: self.endpoints.clone(),
-            nodes: self.nodes.clone(),
-        };
+        let overrides = Overrides::default()
+            .with_context(self.context.clone())
+            .with_endpoints(self.endpoints.clone())
+            .with_nodes(self.nodes.clone());
         Ok(config.resolve(&overrides, &location.path)?)
     }
 

@@ -85,13 +85,12 @@ pub async fn run(global: &Global, args: ResetArgs) -> anyhow::Result<()> {
             talos_client::ops::check_plain_reset(&client, node).await?;
         }
     }
-    let request = ResetRequest {
-        graceful: args.graceful,
-        reboot: args.reboot,
-        system_labels_to_wipe: args.system_labels_to_wipe.clone(),
-        user_disks_to_wipe: args.user_disks_to_wipe.clone(),
-        mode: args.wipe_mode,
-    };
+    let request = ResetRequest::default()
+        .with_graceful(args.graceful)
+        .with_reboot(args.reboot)
+        .with_system_labels_to_wipe(args.system_labels_to_wipe.clone())
+        .with_user_disks_to_wipe(args.user_disks_to_wipe.clone())
+        .with_mode(args.wipe_mode);
     let replies = client.nodes(nodes.clone()).reset(request).await?;
     let accepted: Vec<String> = replies
         .iter()

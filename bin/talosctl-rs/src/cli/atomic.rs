@@ -1,7 +1,6 @@
-//! Writing files that hold keys or snapshots: every talosconfig, snapshot
-//! sidecar and (in the simulator) key file is written through
-//! [`write_atomic`], so a crash leaves either the old file or the new one,
-//! never a torn one, and never one readable by others.
+//! Atomic writes of the files the CLI writes itself (the kubeconfig, which
+//! holds a key): a crash leaves either the old file or the new one, never a
+//! torn one, and never one readable by others.
 
 use std::fs;
 use std::io::{self, Write as _};
@@ -13,8 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// directory, fsync, rename over `path`, fsync of the directory. A missing
 /// directory is created with mode 0700. On failure the temporary file is
 /// removed and `path` is untouched.
-pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
-    let dir = parent_dir(path);
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
     if !dir.exists() {
         fs::DirBuilder::new()
             .recursive(true)
@@ -43,28 +45,12 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
         file.write_all(data)?;
         file.sync_all()?;
         fs::rename(&tmp, path)?;
-        sync_dir(&dir)
+        fs::File::open(&dir)?.sync_all()
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     result
-}
-
-/// Fsyncs the directory that holds `path`, so a rename into it is durable.
-pub fn sync_parent(path: &Path) -> io::Result<()> {
-    sync_dir(&parent_dir(path))
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    fs::File::open(dir)?.sync_all()
-}
-
-fn parent_dir(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
 }
 
 #[cfg(test)]
@@ -74,34 +60,13 @@ mod tests {
     #[test]
     fn writes_private_files_and_replaces_them_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/dir/key.yaml");
-        write_atomic(&path, b"one").unwrap();
-        write_atomic(&path, b"two").unwrap();
+        let path = dir.path().join("sub/kubeconfig");
+        write_private(&path, b"one").unwrap();
+        write_private(&path, b"two").unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let dir_mode = fs::metadata(path.parent().unwrap())
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777;
-        assert_eq!(dir_mode, 0o700);
-        // Nothing but the file itself is left behind.
         let entries: Vec<_> = fs::read_dir(path.parent().unwrap()).unwrap().collect();
         assert_eq!(entries.len(), 1);
-    }
-
-    #[test]
-    fn a_failed_write_leaves_the_old_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        write_atomic(&path, b"old").unwrap();
-        // A directory cannot be renamed over by a file: the write fails.
-        let target = dir.path().join("d");
-        fs::create_dir(&target).unwrap();
-        fs::write(target.join("x"), b"").unwrap();
-        assert!(write_atomic(&target, b"new").is_err());
-        assert_eq!(fs::read(&path).unwrap(), b"old");
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 }

@@ -48,6 +48,7 @@ mod maintenance;
 pub mod node;
 pub mod pki;
 mod proxy;
+mod runtime_validate;
 pub mod serve;
 mod strict;
 pub mod tls;

@@ -9,10 +9,11 @@
 use serde_norway::Value;
 use tonic::Status;
 
+use super::TalosVersion;
 use super::diff::MachineConfig;
 
 /// go-multierror's list format (`ListFormatFunc`).
-fn multierror(errors: &[String]) -> String {
+pub(crate) fn multierror(errors: &[String]) -> String {
     if errors.len() == 1 {
         return format!("1 error occurred:\n\t* {}\n\n", errors[0]);
     }
@@ -75,8 +76,16 @@ fn strings(value: &Value, path: &[&str]) -> Vec<String> {
 
 /// Runs Validate; returns its warnings, or InvalidArgument with upstream's
 /// text.
-pub(crate) fn check(config: &MachineConfig) -> Result<Vec<String>, Status> {
-    let (warnings, errors) = validate(&config.v1alpha1);
+pub(crate) fn check(config: &MachineConfig, version: TalosVersion) -> Result<Vec<String>, Status> {
+    let (warnings, mut errors) = validate(&config.v1alpha1);
+    // 1.14 checks the Kubernetes images last in Validate
+    // (ValidateKubernetesVersions); 1.13.9 in RuntimeValidate.
+    if version.at_least_1_14() && at(&config.v1alpha1, &["machine"]).is_some() {
+        errors.extend(crate::runtime_validate::kubernetes_versions(
+            &config.v1alpha1,
+            version,
+        ));
+    }
     if errors.is_empty() {
         return Ok(warnings);
     }

@@ -29,6 +29,7 @@ pub mod cosi;
 mod cosi_state;
 mod dial;
 mod diff;
+mod documents;
 pub mod etcd_client;
 mod etcd_health;
 pub mod etcd_process;

@@ -74,10 +74,11 @@ fn strings(value: &Value, path: &[&str]) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Runs Validate; returns its warnings, or InvalidArgument with upstream's
-/// text.
+/// Runs the container's Validate: the v1alpha1 document's, then the other
+/// documents' (see [`crate::documents`]); returns the warnings, or
+/// InvalidArgument with upstream's text.
 pub(crate) fn check(config: &MachineConfig, version: TalosVersion) -> Result<Vec<String>, Status> {
-    let (warnings, mut errors) = validate(&config.v1alpha1);
+    let (mut warnings, mut errors) = validate(&config.v1alpha1);
     // 1.14 checks the Kubernetes images last in Validate
     // (ValidateKubernetesVersions); 1.13.9 in RuntimeValidate.
     if version.at_least_1_14() && at(&config.v1alpha1, &["machine"]).is_some() {
@@ -86,11 +87,17 @@ pub(crate) fn check(config: &MachineConfig, version: TalosVersion) -> Result<Vec
             version,
         ));
     }
-    if errors.is_empty() {
+    let mut outer = Vec::new();
+    if !errors.is_empty() {
+        outer.push(format!("v1alpha1.Config: {}", multierror(&errors)));
+    }
+    let (document_warnings, document_errors) = crate::documents::validate(config, version);
+    warnings.extend(document_warnings);
+    outer.extend(document_errors);
+    if outer.is_empty() {
         return Ok(warnings);
     }
-    let inner = format!("v1alpha1.Config: {}", multierror(&errors));
-    Err(Status::invalid_argument(multierror(&[inner])))
+    Err(Status::invalid_argument(multierror(&outer)))
 }
 
 /// The errors and warnings of the v1alpha1 document `c`, in upstream's order.

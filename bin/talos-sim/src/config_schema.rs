@@ -5,7 +5,9 @@
 //! v1.13.9 and v1.14.0, and the kinds registered under
 //! pkg/machinery/config/types at each tag). A section whose Go type has a
 //! custom decoder, a map, or a type from another package accepts any keys
-//! here, as it does upstream's unknown-key check for maps.
+//! here, as it does upstream's unknown-key check for maps. Each section
+//! lists its keys in the Go struct's declaration order, which is also the
+//! order upstream's encoder writes them in (used for dry-run diffs).
 
 /// What a key's value is checked against.
 #[derive(Debug, Clone, Copy)]

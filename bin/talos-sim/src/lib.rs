@@ -52,6 +52,7 @@ mod proxy;
 mod runtime_validate;
 pub mod serve;
 mod strict;
+mod textdiff;
 pub mod tls;
 mod validate;
 

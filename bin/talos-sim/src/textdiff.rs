@@ -382,11 +382,35 @@ mod tests {
     }
 
     #[test]
-    fn large_inputs_split_on_middle_snakes() {
-        let old = lines(40);
-        let new = old.replace("l5\n", "").replace("l30\n", "l30\nnew\n");
-        let diff = unified(&old, &new);
-        assert!(diff.contains("-l5\n"), "{diff}");
-        assert!(diff.contains(" l30\n+new\n"), "{diff}");
+    fn scripts_match_the_go_library() {
+        // Expected outputs printed by neticdk/go-stdlib v1.0.1 with Talos's
+        // options; a GNU-style diff pairs these lines differently.
+        assert_eq!(
+            unified(
+                "b\nc\na\na\n  key: 2\na\na\nc\na\nb\nc\na\n",
+                "  key: 1\nc\n"
+            ),
+            "--- a\n+++ b\n@@ -1,12 +1,2 @@\n-b\n-c\n-a\n-a\n-  key: 2\n+  key: 1\n-a\n-a\n-c\n-a\n-b\n c\n-a\n"
+        );
+        assert_eq!(
+            unified(
+                "a\nb\n  key: 1\n- y\nb\na\nc\n  key: 2\nb\nc\n",
+                "- y\n\nc\nz\nb\nz\n"
+            ),
+            "--- a\n+++ b\n@@ -1,10 +1,6 @@\n-a\n-b\n-  key: 1\n - y\n-b\n+\n-a\n c\n-  key: 2\n+z\n b\n-c\n+z\n"
+        );
+    }
+
+    #[test]
+    fn larger_inputs_split_on_middle_snakes_as_the_go_library_does() {
+        // Twenty lines a side: prefix, suffix and middle-snake steps before
+        // the LCS table (expected output printed by the Go library).
+        assert_eq!(
+            unified(
+                "b\n- x\n  key: 1\na\nb\n- x\na\n  key: 1\nb\nb\n  key: 2\na\na\nb\nc\nc\n  key: 1\nc\n  key: 1\nb\n",
+                "c\n- y\n- x\n  key: 1\nz\n- y\n- x\n  key: 1\n  key: 2\n"
+            ),
+            "--- a\n+++ b\n@@ -1,20 +1,9 @@\n-b\n+c\n+- y\n - x\n   key: 1\n+z\n+- y\n-a\n-b\n - x\n-a\n   key: 1\n-b\n-b\n   key: 2\n-a\n-a\n-b\n-c\n-c\n-  key: 1\n-c\n-  key: 1\n-b\n"
+        );
     }
 }

@@ -290,3 +290,20 @@ async fn runtime_validate_warnings_come_back_with_the_result() {
         );
     }
 }
+
+/// Talos 1.14 refuses a REBOOT apply once the configuration has loaded,
+/// before Validate (v1alpha1_server.go at v1.14.0): an invalid
+/// configuration sent with REBOOT gets Unimplemented, not InvalidArgument.
+#[tokio::test]
+async fn reboot_is_refused_before_validate_on_1_14() {
+    let sim = start(TalosVersion::V1_14_0, 0).await;
+    let invalid = file(&sim, "controlplane.yaml").replace("persist: true", "persist: false");
+    let request = ApplyRequest::new(invalid, ApplyMode::Reboot);
+    match sim.admin().apply_configuration(request).await {
+        Err(Error::Unimplemented(failure)) => assert_eq!(
+            failure.message,
+            "the REBOOT mode is not supported, please use AUTO or NO_REBOOT modes instead"
+        ),
+        other => panic!("expected Unimplemented, got {other:?}"),
+    }
+}

@@ -17,8 +17,9 @@ use super::TalosVersion;
 use super::diff::MachineConfig;
 use super::validate::{multierror, parse_type};
 
-/// The warning for `.machine.install.extensions` (both releases).
-const EXTENSIONS_DEPRECATED: &str = ".machine.install.extensions is deprecated, please see https://docs.siderolabs.com/talos/latest/platform-specific-installations/boot-assets";
+/// The warning for `.machine.install.extensions` (both releases, from
+/// Validate and again from RuntimeValidate).
+pub(crate) const EXTENSIONS_DEPRECATED: &str = ".machine.install.extensions is deprecated, please see https://docs.siderolabs.com/talos/latest/platform-specific-installations/boot-assets";
 
 /// Runs RuntimeValidate; returns its warnings, or InvalidArgument with
 /// upstream's text (`v1alpha1.Config: ` inside go-multierror's list, as the

@@ -183,6 +183,25 @@ fn validate(c: &Value) -> (Vec<String>, Vec<String>) {
         None => errors.push(format!("unknown machine type {raw_type:?}")),
     }
 
+    // System extensions: a duplicate image is refused, and any at all is
+    // warned about (RuntimeValidate warns a second time).
+    let mut images: Vec<&str> = Vec::new();
+    for extension in at(machine, &["install", "extensions"])
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten()
+    {
+        let image = text(extension, &["image"]);
+        if images.contains(&image) {
+            errors.push(format!("duplicate system extension {image:?}"));
+        } else {
+            images.push(image);
+        }
+    }
+    if !images.is_empty() {
+        warnings.push(crate::runtime_validate::EXTENSIONS_DEPRECATED.to_string());
+    }
+
     if flag(
         machine,
         &["features", "kubernetesTalosAPIAccess", "enabled"],

@@ -252,9 +252,10 @@ async fn kubernetes_images_are_checked_against_the_release() {
     );
 }
 
-/// RuntimeValidate's warning for `.machine.install.extensions` comes back
-/// with the applied result, after Validate's warnings, on both releases
-/// (v1alpha1_validation.go, v1alpha1_server.go ApplyConfiguration).
+/// `.machine.install.extensions` is warned about by Validate and again by
+/// RuntimeValidate, whose warnings follow Validate's in the applied result,
+/// on both releases (v1alpha1_validation.go, v1alpha1_server.go
+/// ApplyConfiguration); a duplicate extension is refused.
 #[tokio::test]
 async fn runtime_validate_warnings_come_back_with_the_result() {
     for version in [TalosVersion::V1_13_9, TalosVersion::V1_14_0] {
@@ -285,8 +286,15 @@ async fn runtime_validate_warnings_come_back_with_the_result() {
             [
                 "\"urls\" field should not be empty for \"custom\" CNI",
                 ".machine.install.extensions is deprecated, please see https://docs.siderolabs.com/talos/latest/platform-specific-installations/boot-assets",
+                ".machine.install.extensions is deprecated, please see https://docs.siderolabs.com/talos/latest/platform-specific-installations/boot-assets",
             ],
             "{version:?}"
+        );
+        let extension = "      - image: ghcr.io/siderolabs/gvisor:20250505.0\n";
+        let twice = with_extensions.replace(extension, &format!("{extension}{extension}"));
+        assert_eq!(
+            refused(&sim.admin(), twice, true).await,
+            upstream(&["duplicate system extension \"ghcr.io/siderolabs/gvisor:20250505.0\""])
         );
     }
 }

@@ -79,6 +79,20 @@ fn strings(value: &Value, path: &[&str]) -> Vec<String> {
 /// InvalidArgument with upstream's text.
 pub(crate) fn check(config: &MachineConfig, version: TalosVersion) -> Result<Vec<String>, Status> {
     let (mut warnings, mut errors) = validate(&config.v1alpha1);
+    if version.at_least_1_14() {
+        // 1.14's Validate starts by warning about sections it deprecated.
+        let v1 = &config.v1alpha1;
+        let mut deprecated = Vec::new();
+        if non_empty_list(v1, &["machine", "files"]) {
+            deprecated.push(
+                ".machine.files is deprecated; use dedicated configuration documents instead",
+            );
+        }
+        if non_empty_map(v1, &["machine", "baseRuntimeSpecOverrides"]) {
+            deprecated.push(".machine.baseRuntimeSpecOverrides is deprecated; use a CRIBaseRuntimeSpecConfig document instead");
+        }
+        warnings.splice(0..0, deprecated.into_iter().map(String::from));
+    }
     // 1.14 checks the Kubernetes images last in Validate
     // (ValidateKubernetesVersions); 1.13.9 in RuntimeValidate.
     if version.at_least_1_14() && at(&config.v1alpha1, &["machine"]).is_some() {

@@ -315,3 +315,28 @@ async fn reboot_is_refused_before_validate_on_1_14() {
         other => panic!("expected Unimplemented, got {other:?}"),
     }
 }
+
+/// Talos 1.14's Validate warns first about `.machine.files` and
+/// `.machine.baseRuntimeSpecOverrides` (v1alpha1_validation.go at v1.14.0);
+/// 1.13.9 does not.
+#[tokio::test]
+async fn deprecated_sections_warn_on_1_14_only() {
+    let files = "  files:\n    - path: /var/etc/x\n      content: x\n      permissions: 0o644\n      op: create\n";
+    for (version, expected) in [
+        (TalosVersion::V1_13_9, vec![]),
+        (
+            TalosVersion::V1_14_0,
+            vec![".machine.files is deprecated; use dedicated configuration documents instead"],
+        ),
+    ] {
+        let sim = start(version, 0).await;
+        let config = file(&sim, "controlplane.yaml")
+            .replace("  certSANs: []\n", &format!("  certSANs: []\n{files}"));
+        let applied = sim
+            .admin()
+            .apply_configuration(ApplyRequest::new(config, ApplyMode::Staged))
+            .await
+            .unwrap();
+        assert_eq!(applied.warnings, expected, "{version:?}");
+    }
+}

@@ -5,7 +5,9 @@
 //! v1.13.9 and v1.14.0, and the kinds registered under
 //! pkg/machinery/config/types at each tag). A section whose Go type has a
 //! custom decoder, a map, or a type from another package accepts any keys
-//! here, as it does upstream's unknown-key check for maps.
+//! here, as it does upstream's unknown-key check for maps. Each section
+//! lists its keys in the Go struct's declaration order, which is also the
+//! order upstream's encoder writes them in (used for dry-run diffs).
 
 /// What a key's value is checked against.
 #[derive(Debug, Clone, Copy)]
@@ -107,9 +109,33 @@ pub(crate) const V1ALPHA1: &[(&str, &[(&str, Field)])] = &[
     ("KernelModuleConfig", &[("name", Any), ("parameters", Any)]),
 ];
 
-/// The keys of section `name`.
+/// The keys of the other documents whose shape the simulator knows, named
+/// by kind (the `yaml` tags of pkg/machinery/config/types/network/
+/// layer2_vip.go and hcloud_vip.go, identical in v1.13.9 and v1.14.0, and
+/// k8s/service_account.go at v1.14.0; `apiVersion` and `kind` are the
+/// inline meta.Meta). A registered kind not listed here accepts any keys.
+#[rustfmt::skip]
+pub(crate) const DOCUMENTS: &[(&str, &[(&str, Field)])] = &[
+    ("Layer2VIPConfig", &[("apiVersion", Any), ("kind", Any), ("name", Any), ("link", Any)]),
+    ("HCloudVIPConfig", &[("apiVersion", Any), ("kind", Any), ("name", Any), ("link", Any), ("apiToken", Any)]),
+    ("KubeServiceAccountConfig", &[("apiVersion", Any), ("kind", Any), ("issuer", Struct("IssuerServiceAccountConfig")), ("accepted", Struct("AcceptedServiceAccountConfig"))]),
+    ("IssuerServiceAccountConfig", &[("privateKey", Any), ("issuerURL", Any)]),
+    ("AcceptedServiceAccountConfig", &[("publicKeys", Any), ("issuers", Any), ("audiences", Any)]),
+];
+
+/// The section of documents of `kind`, when the simulator knows its keys.
+pub(crate) fn document_section(kind: &str) -> Option<&'static str> {
+    DOCUMENTS.iter().map(|(n, _)| *n).find(|n| *n == kind)
+}
+
+/// The keys of section `name` (of the v1alpha1 document or, by kind, of
+/// another document).
 pub(crate) fn section(name: &str) -> Option<&'static [(&'static str, Field)]> {
-    V1ALPHA1.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
+    V1ALPHA1
+        .iter()
+        .chain(DOCUMENTS)
+        .find(|(n, _)| *n == name)
+        .map(|(_, f)| *f)
 }
 
 /// Document kinds Talos v1.13.9 registers (besides the v1alpha1 document).

@@ -5,69 +5,30 @@ use serde::Deserialize as _;
 use serde_norway::{Mapping, Value};
 use tonic::Status;
 
-/// Field order of the v1alpha1 document, its `machine` and its `cluster`
-/// sections, as upstream's typed config encodes them (the struct order of
-/// pkg/machinery/config/types/v1alpha1/v1alpha1_types.go in v1.13.9).
-const V1ALPHA1_ORDER: &[&str] = &["version", "debug", "persist", "machine", "cluster"];
-const MACHINE_ORDER: &[&str] = &[
-    "type",
-    "token",
-    "ca",
-    "acceptedCAs",
-    "certSANs",
-    "controlPlane",
-    "kubelet",
-    "pods",
-    "network",
-    "disks",
-    "install",
-    "files",
-    "env",
-    "time",
-    "sysctls",
-    "sysfs",
-    "registries",
-    "systemDiskEncryption",
-    "features",
-    "udev",
-    "logging",
-    "kernel",
-    "seccompProfiles",
-    "baseRuntimeSpecOverrides",
-    "nodeLabels",
-    "nodeAnnotations",
-    "nodeTaints",
-];
-const CLUSTER_ORDER: &[&str] = &[
-    "id",
-    "secret",
-    "controlPlane",
-    "clusterName",
-    "network",
-    "token",
-    "aescbcEncryptionSecret",
-    "secretboxEncryptionSecret",
-    "ca",
-    "acceptedCAs",
-    "aggregatorCA",
-    "serviceAccount",
-    "apiServer",
-    "controllerManager",
-    "proxy",
-    "scheduler",
-    "discovery",
-    "etcd",
-    "coreDNS",
-    "externalCloudProvider",
-    "extraManifests",
-    "extraManifestHeaders",
-    "inlineManifests",
-    "adminKubeconfig",
-    "allowSchedulingOnMasters",
-    "allowSchedulingOnControlPlanes",
-];
-/// The header fields every other document starts with (meta.Meta).
+use super::config_schema::{self, Field};
+
+/// The header fields every other document starts with (meta.Meta), for a
+/// kind whose fields the simulator does not know.
 const DOCUMENT_ORDER: &[&str] = &["apiVersion", "kind", "name"];
+
+/// Fields whose Go type has its own decoder (so the unknown-key check of
+/// [`config_schema`] leaves them alone) but which encode as the struct
+/// behind them: their items follow that struct's field order
+/// (pkg/machinery/config/types/v1alpha1/v1alpha1_types.go).
+const ENCODED_AS: &[(&str, &str, Field)] = &[
+    ("NetworkConfig", "interfaces", Field::Seq("Device")),
+    ("Device", "vlans", Field::Seq("Vlan")),
+    (
+        "ClusterConfig",
+        "inlineManifests",
+        Field::Seq("ClusterInlineManifest"),
+    ),
+    (
+        "APIServerConfig",
+        "admissionControl",
+        Field::Seq("AdmissionPluginConfig"),
+    ),
+];
 
 /// A parsed machine configuration: the v1alpha1 document and the others,
 /// in their canonical order.
@@ -124,9 +85,9 @@ pub(crate) fn parse(yaml: &[u8]) -> Result<MachineConfig, Status> {
             if v1alpha1.is_some() {
                 return Err(Status::invalid_argument("duplicate v1alpha1.Config"));
             }
-            v1alpha1 = Some(canonical_v1alpha1(value));
+            v1alpha1 = Some(typed(value, Field::Struct("Config")));
         } else {
-            documents.push(canonical(value, DOCUMENT_ORDER));
+            documents.push(canonical_document(value));
         }
     }
     let v1alpha1 = v1alpha1.ok_or_else(|| {
@@ -180,38 +141,65 @@ pub(crate) fn normalize(yaml: &[u8]) -> Result<String, Status> {
     parse(yaml).map(|c| c.encode())
 }
 
-fn canonical_v1alpha1(value: Value) -> Value {
-    let Value::Mapping(map) = value else {
-        return value;
-    };
-    let map = map
-        .into_iter()
-        .map(|(key, value)| {
-            let value = match key.as_str() {
-                Some("machine") => canonical(value, MACHINE_ORDER),
-                Some("cluster") => canonical(value, CLUSTER_ORDER),
-                _ => sorted(value),
-            };
-            (key, value)
-        })
-        .collect();
-    order(map, V1ALPHA1_ORDER)
-}
-
-/// A mapping with the keys of `known` first, in that order, then the rest
-/// by name; nested mappings sorted by name.
-fn canonical(value: Value, known: &[&str]) -> Value {
-    match value {
-        Value::Mapping(map) => order(
-            map.into_iter().map(|(k, v)| (k, sorted(v))).collect(),
-            known,
-        ),
-        other => other,
+/// Another document in its type's field order, when the simulator knows
+/// it; otherwise its header first and the rest by name.
+fn canonical_document(value: Value) -> Value {
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    match config_schema::document_section(kind) {
+        Some(section) => typed(value, Field::Struct(section)),
+        None => match value {
+            Value::Mapping(map) => order(
+                map.into_iter().map(|(k, v)| (k, sorted(v))).collect(),
+                DOCUMENT_ORDER,
+            ),
+            other => other,
+        },
     }
 }
 
+/// `value` as upstream's encoder writes the Go type `field` stands for:
+/// struct fields in declaration order at every depth (those the simulator
+/// does not know after them, by name), maps by key.
+fn typed(value: Value, field: Field) -> Value {
+    match (value, field) {
+        (Value::Mapping(map), Field::Struct(section)) => {
+            let fields = config_schema::section(section).unwrap_or_default();
+            let map = map
+                .into_iter()
+                .map(|(key, value)| {
+                    let name = key.as_str().unwrap_or_default();
+                    let inner = ENCODED_AS
+                        .iter()
+                        .find(|(s, k, _)| *s == section && *k == name)
+                        .map(|(_, _, f)| *f)
+                        .or_else(|| fields.iter().find(|(k, _)| *k == name).map(|(_, f)| *f))
+                        .unwrap_or(Field::Any);
+                    (key, typed(value, inner))
+                })
+                .collect();
+            let names: Vec<&str> = fields.iter().map(|(k, _)| *k).collect();
+            order(map, &names)
+        }
+        (Value::Sequence(items), Field::Seq(section)) => Value::Sequence(
+            items
+                .into_iter()
+                .map(|item| typed(item, Field::Struct(section)))
+                .collect(),
+        ),
+        (value, _) => sorted(value),
+    }
+}
+
+/// A value with every mapping in it sorted by key, as Go encodes maps.
 fn sorted(value: Value) -> Value {
-    canonical(value, &[])
+    match value {
+        Value::Mapping(map) => order(map.into_iter().map(|(k, v)| (k, sorted(v))).collect(), &[]),
+        Value::Sequence(items) => Value::Sequence(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
 }
 
 fn order(map: Mapping, known: &[&str]) -> Value {
@@ -228,47 +216,11 @@ fn order(map: Mapping, known: &[&str]) -> Value {
 }
 
 /// A unified diff of two configurations as upstream's
-/// pkg/machinery/textdiff produces it: `--- a` / `+++ b` headers, three
-/// lines of context and hunk headers that always carry both counts
-/// (`@@ -1,1 +0,0 @@`); empty when they are equal.
+/// pkg/machinery/textdiff produces it (see [`crate::textdiff`]): `--- a` /
+/// `+++ b` headers, three lines of context and hunk headers that always
+/// carry both counts (`@@ -1,1 +0,0 @@`); empty when they are equal.
 pub(crate) fn unified(old: &str, new: &str) -> String {
-    use std::fmt::Write as _;
-    if old == new {
-        return String::new();
-    }
-    let diff = similar::TextDiff::from_lines(old, new);
-    let mut out = String::from("--- a\n+++ b\n");
-    for group in diff.grouped_ops(3) {
-        let (Some(first), Some(last)) = (group.first(), group.last()) else {
-            continue;
-        };
-        let old_range = first.old_range().start..last.old_range().end;
-        let new_range = first.new_range().start..last.new_range().end;
-        let start = |r: &std::ops::Range<usize>| if r.is_empty() { 0 } else { r.start + 1 };
-        let _ = writeln!(
-            out,
-            "@@ -{},{} +{},{} @@",
-            start(&old_range),
-            old_range.len(),
-            start(&new_range),
-            new_range.len()
-        );
-        for op in &group {
-            for change in diff.iter_changes(op) {
-                let sign = match change.tag() {
-                    similar::ChangeTag::Equal => ' ',
-                    similar::ChangeTag::Delete => '-',
-                    similar::ChangeTag::Insert => '+',
-                };
-                out.push(sign);
-                out.push_str(change.value());
-                if change.missing_newline() {
-                    out.push('\n');
-                }
-            }
-        }
-    }
-    out
+    crate::textdiff::unified(old, new)
 }
 
 /// Formats a duration as Go's `time.Duration.String` does (`1m0s`, `30s`,

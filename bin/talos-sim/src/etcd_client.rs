@@ -100,13 +100,27 @@ impl EtcdClient {
         Err(last)
     }
 
-    /// Lists the members, as the first reachable member sees them.
+    /// Lists the members through the first reachable member, as a
+    /// linearizable read: upstream's etcd client (client/v3 cluster.go,
+    /// v3.6) asks for one unless told to serialize, and Talos never does
+    /// (v1alpha1_server.go EtcdMemberList, internal/pkg/etcd). A member
+    /// that cannot confirm the cluster's current membership with a quorum
+    /// fails instead of answering what it last saw. An etcd before 3.5
+    /// ignores the request's flag, so the member is first asked for a
+    /// linearizable read, the same read-index round a 3.6 member makes
+    /// before it lists (etcdserver MemberList), with the same errors.
     pub async fn member_list(&self) -> Result<Vec<Member>, tonic::Status> {
         self.first_answer(&|ch| async move {
-            let resp = ClusterClient::new(ch)
-                .member_list(require_leader(MemberListRequest {
-                    linearizable: false,
+            KvClient::new(ch.clone())
+                .range(require_leader(RangeRequest {
+                    key: b"\0".to_vec(),
+                    serializable: false,
+                    count_only: true,
+                    ..RangeRequest::default()
                 }))
+                .await?;
+            let resp = ClusterClient::new(ch)
+                .member_list(require_leader(MemberListRequest { linearizable: true }))
                 .await?;
             Ok(resp.into_inner().members)
         })

@@ -30,6 +30,7 @@ pub mod cosi;
 mod cosi_state;
 mod dial;
 mod diff;
+mod documents;
 pub mod etcd_client;
 mod etcd_health;
 pub mod etcd_process;
@@ -49,8 +50,10 @@ mod maintenance;
 pub mod node;
 pub mod pki;
 mod proxy;
+mod runtime_validate;
 pub mod serve;
 mod strict;
+mod textdiff;
 pub mod tls;
 mod validate;
 

@@ -63,24 +63,28 @@ impl Machined {
         })?;
         crate::strict::check(&request.data, self.node.talos_version())?;
         let config = diff::parse(&request.data)?;
-        // Validate runs before anything depends on the new configuration
-        // (v1alpha1_server.go); its warnings come back with the result.
-        let warnings = crate::validate::check(&config)?;
-        config.check_role(self.node.is_worker())?;
-        let active = self.node.config.lock().expect("config lock").active.clone();
-        let current = diff::parse(active.as_bytes());
-        // Whether the change can take effect without a reboot decides the
-        // mode, as upstream's ApplyConfiguration does (v1alpha1_server.go,
-        // CanApplyImmediate in v1alpha1_runtime.go).
-        // Talos 1.14 refuses REBOOT, and applies AUTO, NO_REBOOT and TRY in
-        // place without the immediate-apply check (v1alpha1_server.go at
-        // v1.14.0).
+        // Talos 1.14 refuses REBOOT once the configuration has loaded,
+        // before validating it (v1alpha1_server.go at v1.14.0).
         let v1_14 = self.node.talos_version().at_least_1_14();
         if v1_14 && mode == Mode::Reboot {
             return Err(Status::unimplemented(
                 "the REBOOT mode is not supported, please use AUTO or NO_REBOOT modes instead",
             ));
         }
+        // Validate runs before anything depends on the new configuration
+        // (v1alpha1_server.go); its warnings come back with the result.
+        let version = self.node.talos_version();
+        let mut warnings = crate::validate::check(&config, version)?;
+        // Then RuntimeValidate; its warnings follow Validate's.
+        warnings.extend(crate::runtime_validate::check(&config, version)?);
+        config.check_role(self.node.is_worker())?;
+        let active = self.node.config.lock().expect("config lock").active.clone();
+        let current = diff::parse(active.as_bytes());
+        // Whether the change can take effect without a reboot decides the
+        // mode, as upstream's ApplyConfiguration does (v1alpha1_server.go,
+        // CanApplyImmediate in v1alpha1_runtime.go).
+        // Talos 1.14 applies AUTO, NO_REBOOT and TRY in place without the
+        // immediate-apply check (v1alpha1_server.go at v1.14.0).
         let immediate = || match &current {
             _ if v1_14 => Ok(()),
             Ok(current) => immediate::check(current, &config),

@@ -27,7 +27,9 @@ pub(crate) fn apply(
     crate::strict::check(&request.data, node.talos_version())?;
     let config = diff::parse(&request.data)?;
     // The same Validate as on a configured node (v1alpha1_server.go).
-    let warnings = crate::validate::check(&config)?;
+    let version = node.talos_version();
+    let mut warnings = crate::validate::check(&config, version)?;
+    warnings.extend(crate::runtime_validate::check(&config, version)?);
     check_cluster_ca(shared, &config)?;
     let worker = config.is_worker();
     let mode = match mode {

@@ -77,6 +77,55 @@ pub(crate) fn check(yaml: &[u8], version: TalosVersion) -> Result<(), Status> {
         if version_of_doc != "v1alpha1" || !registered.contains(&kind) {
             return Err(fail(format!("{kind:?} {version_of_doc:?}: not registered")));
         }
+        // The same unknown-key check as the v1alpha1 document's, for the
+        // kinds whose shape the simulator knows.
+        if let Some(section) = config_schema::document_section(kind)
+            && let Some(unknown) = unknown_keys(value, Field::Struct(section))
+        {
+            return Err(fail(format!(
+                "unknown keys found during decoding:\n{}",
+                emit(&unknown)
+            )));
+        }
+    }
+    conflicts(&documents)
+}
+
+/// Kinds that may not share a name with a document of another kind
+/// (ConflictsWithKinds of pkg/machinery/config/types/network/layer2_vip.go
+/// and hcloud_vip.go): one address is announced one way.
+const CONFLICTING: &[(&str, &str)] = &[
+    ("Layer2VIPConfig", "HCloudVIPConfig"),
+    ("HCloudVIPConfig", "Layer2VIPConfig"),
+];
+
+/// The container's check once every document decoded
+/// (pkg/machinery/config/container/container.go, New): a document that
+/// conflicts with an earlier one is refused, naming the earlier one first.
+fn conflicts(documents: &[Value]) -> Result<(), Status> {
+    let mut seen: Vec<String> = Vec::new();
+    for value in documents {
+        let field = |key: &str| {
+            value
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (kind, name) = (field("kind"), field("name"));
+        if kind.is_empty() {
+            continue;
+        }
+        let id = format!("{kind}/{name}");
+        for (this, other) in CONFLICTING {
+            let earlier = format!("{other}/{name}");
+            if *this == kind && seen.contains(&earlier) {
+                return Err(Status::invalid_argument(format!(
+                    "conflicting documents: {earlier} and {id}"
+                )));
+            }
+        }
+        seen.push(id);
     }
     Ok(())
 }

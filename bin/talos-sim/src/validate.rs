@@ -9,10 +9,11 @@
 use serde_norway::Value;
 use tonic::Status;
 
+use super::TalosVersion;
 use super::diff::MachineConfig;
 
 /// go-multierror's list format (`ListFormatFunc`).
-fn multierror(errors: &[String]) -> String {
+pub(crate) fn multierror(errors: &[String]) -> String {
     if errors.len() == 1 {
         return format!("1 error occurred:\n\t* {}\n\n", errors[0]);
     }
@@ -73,15 +74,44 @@ fn strings(value: &Value, path: &[&str]) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Runs Validate; returns its warnings, or InvalidArgument with upstream's
-/// text.
-pub(crate) fn check(config: &MachineConfig) -> Result<Vec<String>, Status> {
-    let (warnings, errors) = validate(&config.v1alpha1);
-    if errors.is_empty() {
+/// Runs the container's Validate: the v1alpha1 document's, then the other
+/// documents' (see [`crate::documents`]); returns the warnings, or
+/// InvalidArgument with upstream's text.
+pub(crate) fn check(config: &MachineConfig, version: TalosVersion) -> Result<Vec<String>, Status> {
+    let (mut warnings, mut errors) = validate(&config.v1alpha1);
+    if version.at_least_1_14() {
+        // 1.14's Validate starts by warning about sections it deprecated.
+        let v1 = &config.v1alpha1;
+        let mut deprecated = Vec::new();
+        if non_empty_list(v1, &["machine", "files"]) {
+            deprecated.push(
+                ".machine.files is deprecated; use dedicated configuration documents instead",
+            );
+        }
+        if non_empty_map(v1, &["machine", "baseRuntimeSpecOverrides"]) {
+            deprecated.push(".machine.baseRuntimeSpecOverrides is deprecated; use a CRIBaseRuntimeSpecConfig document instead");
+        }
+        warnings.splice(0..0, deprecated.into_iter().map(String::from));
+    }
+    // 1.14 checks the Kubernetes images last in Validate
+    // (ValidateKubernetesVersions); 1.13.9 in RuntimeValidate.
+    if version.at_least_1_14() && at(&config.v1alpha1, &["machine"]).is_some() {
+        errors.extend(crate::runtime_validate::kubernetes_versions(
+            &config.v1alpha1,
+            version,
+        ));
+    }
+    let mut outer = Vec::new();
+    if !errors.is_empty() {
+        outer.push(format!("v1alpha1.Config: {}", multierror(&errors)));
+    }
+    let (document_warnings, document_errors) = crate::documents::validate(config, version);
+    warnings.extend(document_warnings);
+    outer.extend(document_errors);
+    if outer.is_empty() {
         return Ok(warnings);
     }
-    let inner = format!("v1alpha1.Config: {}", multierror(&errors));
-    Err(Status::invalid_argument(multierror(&[inner])))
+    Err(Status::invalid_argument(multierror(&outer)))
 }
 
 /// The errors and warnings of the v1alpha1 document `c`, in upstream's order.
@@ -165,6 +195,25 @@ fn validate(c: &Value) -> (Vec<String>, Vec<String>) {
             }
         }
         None => errors.push(format!("unknown machine type {raw_type:?}")),
+    }
+
+    // System extensions: a duplicate image is refused, and any at all is
+    // warned about (RuntimeValidate warns a second time).
+    let mut images: Vec<&str> = Vec::new();
+    for extension in at(machine, &["install", "extensions"])
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten()
+    {
+        let image = text(extension, &["image"]);
+        if images.contains(&image) {
+            errors.push(format!("duplicate system extension {image:?}"));
+        } else {
+            images.push(image);
+        }
+    }
+    if !images.is_empty() {
+        warnings.push(crate::runtime_validate::EXTENSIONS_DEPRECATED.to_string());
     }
 
     if flag(

@@ -325,3 +325,81 @@ async fn read_serves_the_persisted_config_as_machined_does() {
         Err(talos_client::Error::PermissionDenied(_))
     ));
 }
+
+fn base(sim: &SimCluster) -> String {
+    std::fs::read_to_string(sim.dir.path().join("controlplane.yaml")).unwrap()
+}
+
+/// `cfg` with `section` (indented for `.machine`) right after `certSANs`.
+fn with_machine_section(cfg: &str, section: &str) -> String {
+    cfg.replace("  certSANs: []\n", &format!("  certSANs: []\n{section}"))
+}
+
+/// Upstream diffs the configurations as its typed encoder writes them
+/// (pkg/machinery/config/configdiff/configdiff.go): struct fields in the
+/// order of pkg/machinery/config/types/v1alpha1/v1alpha1_types.go at every
+/// depth, not only under `.machine` and `.cluster`.
+#[tokio::test]
+async fn dry_run_diffs_deeper_sections_in_typed_field_order() {
+    let sim = SimCluster::start(1).await;
+    let client = sim.admin();
+    let features = "  features:\n    hostDNS:\n      enabled: true\n    kubePrism:\n      port: 7445\n      enabled: true\n    rbac: true\n";
+    let network = "  network:\n    interfaces:\n      - dhcp: true\n        addresses: [10.5.0.2/24]\n        interface: eth0\n";
+    let config = with_machine_section(&base(&sim), &format!("{features}{network}"));
+    // AUTO: `rbac` takes a reboot.
+    let request = ApplyRequest::new(config, ApplyMode::Auto).with_dry_run(true);
+    let details = client
+        .apply_configuration(request)
+        .await
+        .unwrap()
+        .mode_details;
+    assert!(
+        details.contains(
+            "+  network:\n+    interfaces:\n+    - interface: eth0\n+      addresses:\n+      - 10.5.0.2/24\n+      dhcp: true\n"
+        ),
+        "{details}"
+    );
+    assert!(
+        details.contains(
+            "+  features:\n+    rbac: true\n+    kubePrism:\n+      enabled: true\n+      port: 7445\n+    hostDNS:\n+      enabled: true\n"
+        ),
+        "{details}"
+    );
+}
+
+/// Upstream's diff (pkg/machinery/textdiff/textdiff.go, neticdk/go-stdlib
+/// diff/myers in linear-space mode with its unified formatter) starts a
+/// new hunk when two changes have six unchanged lines between them, where
+/// a GNU-style unified diff joins them into one.
+#[tokio::test]
+async fn dry_run_hunks_split_as_upstreams_diff_splits_them() {
+    let sim = SimCluster::start(1).await;
+    let client = sim.admin();
+    let sans = |changed: &[usize]| -> String {
+        let items: String = (1..=12)
+            .map(|i| {
+                let prefix = if changed.contains(&i) {
+                    "10.9.9"
+                } else {
+                    "10.0.0"
+                };
+                format!("    - {prefix}.{i}\n")
+            })
+            .collect();
+        base(&sim).replace("  certSANs: []\n", &format!("  certSANs:\n{items}"))
+    };
+    client
+        .apply_configuration(ApplyRequest::new(sans(&[]), ApplyMode::NoReboot))
+        .await
+        .unwrap();
+    let details = dry_run(&client, &sans(&[2, 9])).await;
+    let diff = details.split("Config diff:\n\n").nth(1).unwrap();
+    let hunks: Vec<&str> = diff.matches("\n@@ -").collect();
+    assert_eq!(hunks.len(), 2, "{diff}");
+    assert!(
+        diff.contains(
+            "   - 10.0.0.1\n-  - 10.0.0.2\n+  - 10.9.9.2\n   - 10.0.0.3\n   - 10.0.0.4\n   - 10.0.0.5\n@@ -"
+        ),
+        "{diff}"
+    );
+}

@@ -163,3 +163,47 @@ async fn member_list_without_a_leader_is_unknown_as_upstream() {
         other => panic!("expected Unknown, got {other:?}"),
     }
 }
+
+/// v1alpha1_server.go EtcdMemberList lists through etcd's client, whose
+/// MemberList is linearizable by default (go.etcd.io/etcd/client/v3
+/// cluster.go, v3.6): with the two other members frozen, the remaining one
+/// cannot confirm the membership with a quorum and the call fails, where a
+/// serializable list would answer at once with what the member last saw.
+#[tokio::test]
+async fn member_list_is_linearizable_and_fails_without_a_quorum() {
+    let sim = SimCluster::start_with(3, |cfg| cfg.timing = short_timing()).await;
+    let admin = sim.admin();
+    assert_eq!(
+        admin
+            .node(sim.ip(1))
+            .etcd_member_list(true)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    for name in ["cp-2", "cp-3"] {
+        assert!(sim.cluster.node(name).unwrap().freeze_etcd().await);
+    }
+    let started = Instant::now();
+    let result = admin.node(sim.ip(1)).etcd_member_list(true).await;
+    let err = result.expect_err("a member without a quorum answered the member list");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}: {err:?}",
+        started.elapsed()
+    );
+    for name in ["cp-2", "cp-3"] {
+        assert!(sim.cluster.node(name).unwrap().thaw_etcd().await);
+    }
+    // With the quorum back the same call answers again.
+    wait_for("the member list", Duration::from_secs(30), || async {
+        admin
+            .node(sim.ip(1))
+            .etcd_member_list(true)
+            .await
+            .ok()
+            .filter(|m| m.len() == 3)
+    })
+    .await;
+}

@@ -68,7 +68,7 @@ async fn kube_service_account_config_is_not_registered_on_1_13_9() {
     );
 
     let sim = start(TalosVersion::V1_14_0).await;
-    let config = base(&sim) + document;
+    let config = base(&sim) + &service_account(ISSUER_KEY);
     let request = ApplyRequest::new(config, ApplyMode::Auto).with_dry_run(true);
     let reply = sim.admin().apply_configuration(request).await.unwrap();
     assert!(
@@ -90,4 +90,131 @@ async fn documents_without_kind_or_twice_are_refused() {
         message.starts_with("duplicate document /v1alpha1/ is not allowed (line "),
         "{message}"
     );
+}
+
+/// A private key as the issuer's (its body is not parsed).
+const ISSUER_KEY: &str = "-----BEGIN ED25519 PRIVATE KEY-----\n    MC4CAQAwBQYDK2VwBCIEIHx0Zkc0c2ltdWxhdG9yLWtleS1mb3ItdGVzdHMtb25seQ==\n    -----END ED25519 PRIVATE KEY-----";
+
+/// A KubeServiceAccountConfig document with `key` (indented for a block
+/// scalar) as the issuer's private key.
+fn service_account(key: &str) -> String {
+    format!(
+        "---\napiVersion: v1alpha1\nkind: KubeServiceAccountConfig\nissuer:\n  issuerURL: https://issuer.example\n  privateKey: |\n    {key}\n"
+    )
+}
+
+/// The go-multierror list of the container's Validate.
+fn listed(errors: &[&str]) -> String {
+    let points: Vec<String> = errors.iter().map(|e| format!("* {e}")).collect();
+    match errors.len() {
+        1 => format!("1 error occurred:\n\t{}\n\n", points[0]),
+        n => format!("{n} errors occurred:\n\t{}\n\n", points.join("\n\t")),
+    }
+}
+
+/// Documents other than v1alpha1 are decoded as strictly
+/// (pkg/machinery/config/configloader/internal/decoder/decoder.go runs the
+/// unknown-key check on every document), the container refuses a
+/// Layer2VIPConfig and an HCloudVIPConfig for one address
+/// (pkg/machinery/config/container/container.go, New; ConflictsWithKinds in
+/// types/network/layer2_vip.go), and each document's Validate runs with
+/// the v1alpha1 document's, its errors under its id (container.go,
+/// Validate; types/network/layer2_vip.go).
+#[tokio::test]
+async fn other_documents_are_decoded_and_validated_as_upstream_does() {
+    for version in [TalosVersion::V1_13_9, TalosVersion::V1_14_0] {
+        let sim = start(version).await;
+        let line = base(&sim).lines().count() + 2;
+        let vip = "---\napiVersion: v1alpha1\nkind: Layer2VIPConfig\nname: 10.0.0.50\nlink: eth0\n";
+        let request = ApplyRequest::new(base(&sim) + vip, ApplyMode::Auto).with_dry_run(true);
+        sim.admin().apply_configuration(request).await.unwrap();
+
+        let typo = vip.replace("link: eth0", "link: eth0\ninterface: eth0");
+        assert_eq!(
+            refused(&sim, base(&sim) + &typo, ApplyMode::Auto, true).await,
+            format!(
+                "error decoding document v1alpha1/Layer2VIPConfig/10.0.0.50 (line {line}): unknown keys found during decoding:\ninterface: eth0\n"
+            ),
+            "{version:?}"
+        );
+        let hcloud = "---\napiVersion: v1alpha1\nkind: HCloudVIPConfig\nname: 10.0.0.50\nlink: eth0\napiToken: t\n";
+        assert_eq!(
+            refused(&sim, base(&sim) + vip + hcloud, ApplyMode::Auto, true).await,
+            "conflicting documents: Layer2VIPConfig/10.0.0.50 and HCloudVIPConfig/10.0.0.50"
+        );
+        let invalid = "---\napiVersion: v1alpha1\nkind: Layer2VIPConfig\nname: vip\n";
+        let with_v1alpha1_error = base(&sim).replace("persist: true", "persist: false");
+        assert_eq!(
+            refused(&sim, with_v1alpha1_error + invalid, ApplyMode::Auto, false).await,
+            listed(&[
+                &format!(
+                    "v1alpha1.Config: {}",
+                    listed(&[".persist should be enabled"])
+                ),
+                "Layer2VIPConfig/vip: name must be a valid IP address: ParseAddr(\"vip\"): unable to parse IP\nlink must be specified",
+            ]),
+            "{version:?}"
+        );
+    }
+}
+
+/// Talos 1.14's KubeServiceAccountConfig (types/k8s/service_account.go):
+/// the issuer's key and URL are required, it cannot sit next to
+/// `.cluster.serviceAccount`, and it belongs on control-plane machines only
+/// (pkg/machinery/config/container/validate.go, validateContainer).
+#[tokio::test]
+async fn kube_service_account_config_is_validated_on_1_14() {
+    let sim = SimCluster::start_with(1, |cfg| {
+        cfg.timing = TalosTiming::scaled_down(10);
+        cfg.talos_version = TalosVersion::V1_14_0;
+        cfg.workers = 1;
+    })
+    .await;
+    let bare =
+        "---\napiVersion: v1alpha1\nkind: KubeServiceAccountConfig\nissuer:\n  issuerURL: \"\"\n";
+    assert_eq!(
+        refused(&sim, base(&sim) + bare, ApplyMode::Auto, true).await,
+        listed(&[
+            "KubeServiceAccountConfig: service issuer private key is required\nservice issuer URL is required"
+        ])
+    );
+    let not_a_key = service_account("not a key");
+    assert_eq!(
+        refused(&sim, base(&sim) + &not_a_key, ApplyMode::Auto, true).await,
+        listed(&[
+            "KubeServiceAccountConfig: service issuer private key is invalid: failed to parse PEM block"
+        ])
+    );
+    let legacy = base(&sim).replace(
+        "  clusterName: talos-sim\n",
+        "  clusterName: talos-sim\n  serviceAccount:\n    key: a2V5\n",
+    );
+    assert_eq!(
+        refused(
+            &sim,
+            legacy + &service_account(ISSUER_KEY),
+            ApplyMode::Auto,
+            true
+        )
+        .await,
+        listed(&["service account is already set in v1alpha1 config (.cluster.serviceAccount)"])
+    );
+    let worker_ip = sim.cluster.node("worker-1").unwrap().ip.to_string();
+    let worker = std::fs::read_to_string(sim.dir.path().join("worker.yaml")).unwrap()
+        + &service_account(ISSUER_KEY);
+    let request = ApplyRequest::new(worker, ApplyMode::Auto).with_dry_run(true);
+    match sim
+        .admin()
+        .node(worker_ip)
+        .apply_configuration(request)
+        .await
+    {
+        Err(Error::InvalidArgument(f)) => assert_eq!(
+            f.message,
+            listed(&[
+                "the following document kinds are only allowed on control plane machines: [KubeServiceAccountConfig]"
+            ])
+        ),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
 }

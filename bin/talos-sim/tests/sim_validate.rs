@@ -187,3 +187,156 @@ async fn maintenance_mode_runs_the_same_validation() {
     // Still in maintenance: the pinned API answers.
     assert!(node.version().await.is_ok());
 }
+
+/// `cfg` with the kube-apiserver image `image` (under `.cluster`).
+fn with_apiserver_image(cfg: &str, image: &str) -> String {
+    cfg.replace(
+        "  clusterName: talos-sim\n",
+        &format!("  clusterName: talos-sim\n  apiServer:\n    image: {image}\n"),
+    )
+}
+
+/// RuntimeValidate (pkg/machinery/config/types/v1alpha1/v1alpha1_validation.go
+/// at v1.13.9) checks the Kubernetes images against the versions the
+/// release supports (pkg/machinery/compatibility/kubernetes_version.go,
+/// talos113: 1.31.0 up to 1.36.99), after Validate passed; 1.14 checks them
+/// last in Validate (ValidateKubernetesVersions, talos114: 1.32.0 up to
+/// 1.37.99), in the same list as Validate's other errors.
+#[tokio::test]
+async fn kubernetes_images_are_checked_against_the_release() {
+    let sim = start(TalosVersion::V1_13_9, 0).await;
+    let node = sim.cluster.node("cp-1").unwrap();
+    let before = node.active_config();
+    let base = file(&sim, "controlplane.yaml");
+    let too_new = with_apiserver_image(&base, "registry.k8s.io/kube-apiserver:v1.37.0");
+    for dry_run in [true, false] {
+        assert_eq!(
+            refused(&sim.admin(), too_new.clone(), dry_run).await,
+            upstream(&[
+                "kube-apiserver image is not valid: version of Kubernetes 1.37.0 is too new to be used with Talos 1.13.9"
+            ])
+        );
+    }
+    let untagged = with_apiserver_image(&base, "registry.k8s.io/kube-apiserver:latest");
+    assert_eq!(
+        refused(&sim.admin(), untagged, true).await,
+        upstream(&[
+            "kube-apiserver image is not valid: failed to parse Kubernetes version from image reference \"registry.k8s.io/kube-apiserver:latest\": invalid image reference: \"registry.k8s.io/kube-apiserver:latest\""
+        ])
+    );
+    // Validate's errors come first: RuntimeValidate only runs on a
+    // configuration Validate accepted.
+    let both = too_new.replace("persist: true", "persist: false");
+    assert_eq!(
+        refused(&sim.admin(), both, true).await,
+        upstream(&[".persist should be enabled"])
+    );
+    assert_eq!(node.active_config(), before);
+    let supported = with_apiserver_image(&base, "registry.k8s.io/kube-apiserver:v1.35.2");
+    let request = ApplyRequest::new(supported, ApplyMode::Auto).with_dry_run(true);
+    sim.admin().apply_configuration(request).await.unwrap();
+
+    let sim = start(TalosVersion::V1_14_0, 0).await;
+    let base = file(&sim, "controlplane.yaml");
+    let accepted = with_apiserver_image(&base, "registry.k8s.io/kube-apiserver:v1.37.0");
+    let request = ApplyRequest::new(accepted, ApplyMode::Auto).with_dry_run(true);
+    sim.admin().apply_configuration(request).await.unwrap();
+    let too_old = with_apiserver_image(&base, "registry.k8s.io/kube-apiserver:v1.31.4")
+        .replace("persist: true", "persist: false");
+    assert_eq!(
+        refused(&sim.admin(), too_old, true).await,
+        upstream(&[
+            ".persist should be enabled",
+            "kube-apiserver image is not valid: version of Kubernetes 1.31.4 is too old to be used with Talos 1.14.0",
+        ])
+    );
+}
+
+/// `.machine.install.extensions` is warned about by Validate and again by
+/// RuntimeValidate, whose warnings follow Validate's in the applied result,
+/// on both releases (v1alpha1_validation.go, v1alpha1_server.go
+/// ApplyConfiguration); a duplicate extension is refused.
+#[tokio::test]
+async fn runtime_validate_warnings_come_back_with_the_result() {
+    for version in [TalosVersion::V1_13_9, TalosVersion::V1_14_0] {
+        let sim = start(version, 0).await;
+        let base = file(&sim, "controlplane.yaml");
+        let install = base
+            .lines()
+            .find(|l| l.starts_with("    image: ghcr.io/siderolabs/installer:"))
+            .unwrap()
+            .to_string();
+        let with_extensions = base.replace(
+            &format!("{install}\n"),
+            &format!(
+                "{install}\n    extensions:\n      - image: ghcr.io/siderolabs/gvisor:20250505.0\n"
+            ),
+        );
+        let config = with_extensions.replace(
+            "  clusterName: talos-sim\n",
+            "  clusterName: talos-sim\n  network:\n    cni:\n      name: custom\n",
+        );
+        let applied = sim
+            .admin()
+            .apply_configuration(ApplyRequest::new(config, ApplyMode::Staged))
+            .await
+            .unwrap();
+        assert_eq!(
+            applied.warnings,
+            [
+                "\"urls\" field should not be empty for \"custom\" CNI",
+                ".machine.install.extensions is deprecated, please see https://docs.siderolabs.com/talos/latest/platform-specific-installations/boot-assets",
+                ".machine.install.extensions is deprecated, please see https://docs.siderolabs.com/talos/latest/platform-specific-installations/boot-assets",
+            ],
+            "{version:?}"
+        );
+        let extension = "      - image: ghcr.io/siderolabs/gvisor:20250505.0\n";
+        let twice = with_extensions.replace(extension, &format!("{extension}{extension}"));
+        assert_eq!(
+            refused(&sim.admin(), twice, true).await,
+            upstream(&["duplicate system extension \"ghcr.io/siderolabs/gvisor:20250505.0\""])
+        );
+    }
+}
+
+/// Talos 1.14 refuses a REBOOT apply once the configuration has loaded,
+/// before Validate (v1alpha1_server.go at v1.14.0): an invalid
+/// configuration sent with REBOOT gets Unimplemented, not InvalidArgument.
+#[tokio::test]
+async fn reboot_is_refused_before_validate_on_1_14() {
+    let sim = start(TalosVersion::V1_14_0, 0).await;
+    let invalid = file(&sim, "controlplane.yaml").replace("persist: true", "persist: false");
+    let request = ApplyRequest::new(invalid, ApplyMode::Reboot);
+    match sim.admin().apply_configuration(request).await {
+        Err(Error::Unimplemented(failure)) => assert_eq!(
+            failure.message,
+            "the REBOOT mode is not supported, please use AUTO or NO_REBOOT modes instead"
+        ),
+        other => panic!("expected Unimplemented, got {other:?}"),
+    }
+}
+
+/// Talos 1.14's Validate warns first about `.machine.files` and
+/// `.machine.baseRuntimeSpecOverrides` (v1alpha1_validation.go at v1.14.0);
+/// 1.13.9 does not.
+#[tokio::test]
+async fn deprecated_sections_warn_on_1_14_only() {
+    let files = "  files:\n    - path: /var/etc/x\n      content: x\n      permissions: 0o644\n      op: create\n";
+    for (version, expected) in [
+        (TalosVersion::V1_13_9, vec![]),
+        (
+            TalosVersion::V1_14_0,
+            vec![".machine.files is deprecated; use dedicated configuration documents instead"],
+        ),
+    ] {
+        let sim = start(version, 0).await;
+        let config = file(&sim, "controlplane.yaml")
+            .replace("  certSANs: []\n", &format!("  certSANs: []\n{files}"));
+        let applied = sim
+            .admin()
+            .apply_configuration(ApplyRequest::new(config, ApplyMode::Staged))
+            .await
+            .unwrap();
+        assert_eq!(applied.warnings, expected, "{version:?}");
+    }
+}

@@ -37,6 +37,16 @@
 
 pub mod api;
 mod atomic;
+
+/// Writes a private file atomically: mode 0600, a temporary file in the
+/// same directory, fsync, rename over `path`, fsync of the directory (a
+/// missing directory is made 0700). A crash leaves the old file or the new
+/// one, never a torn or world-readable one. This is how the crate writes
+/// talosconfigs and snapshot sidecars; tools use it for the credentials
+/// they write beside them (a kubeconfig, a simulator's keys).
+pub fn write_private_file(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    atomic::write_atomic(path, data)
+}
 #[cfg(feature = "backup")]
 pub mod backup;
 pub mod client;

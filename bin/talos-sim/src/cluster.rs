@@ -74,7 +74,7 @@ pub struct Cluster {
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<(), SimError> {
-    crate::atomic::write_private(path, data).map_err(|e| SimError::io(path, e))
+    talos_client::write_private_file(path, data).map_err(|e| SimError::io(path, e))
 }
 
 /// Loads the CA kept in `dir/pki`, or makes and stores one.

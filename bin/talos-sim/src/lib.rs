@@ -21,7 +21,6 @@
 //! chosen, it follows upstream and names the upstream file.
 
 pub mod api;
-pub mod atomic;
 mod auth;
 pub mod cluster;
 mod config_schema;

@@ -343,7 +343,7 @@ fn gen_certs(dir: &Path) -> anyhow::Result<()> {
     let write = |name: &str, text: &str| -> anyhow::Result<()> {
         let path = dir.join(name);
         // Keys and talosconfigs among them: 0600, written whole.
-        talos_sim::atomic::write_private(&path, text.as_bytes())
+        talos_client::write_private_file(&path, text.as_bytes())
             .with_context(|| format!("writing {}", path.display()))
     };
     write("ca.crt", &ca.cert_pem)?;

@@ -292,7 +292,7 @@ impl Node {
     }
 
     pub(crate) fn persist_config(&self, yaml: &str) -> std::io::Result<()> {
-        crate::atomic::write_private(&self.config_path(), yaml.as_bytes())?;
+        talos_client::write_private_file(&self.config_path(), yaml.as_bytes())?;
         self.configured.store(true, Ordering::Relaxed);
         Ok(())
     }

@@ -47,7 +47,7 @@ pub async fn run(global: &Global, args: KubeconfigArgs) -> anyhow::Result<()> {
     } else {
         String::from_utf8(fetched).context("the kubeconfig is not UTF-8")?
     };
-    super::atomic::write_private(&path, text.as_bytes())
+    talos_client::write_private_file(&path, text.as_bytes())
         .with_context(|| format!("writing {}", path.display()))?;
     eprintln!("kubeconfig written to {}", path.display());
     Ok(())

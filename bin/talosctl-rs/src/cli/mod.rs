@@ -20,7 +20,6 @@ macro_rules! out {
 }
 
 pub mod apply;
-mod atomic;
 pub mod config;
 pub mod etcd;
 pub mod get;

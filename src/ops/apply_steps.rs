@@ -198,7 +198,7 @@ impl Ops {
         let mut attempts = 0;
         // The first pass of the current run of passes, and how many.
         let mut streak: Option<(Instant, u32)> = None;
-        let mut failure;
+        let mut failure = String::new();
         let reason = loop {
             attempts += 1;
             let started = Instant::now();
@@ -212,6 +212,11 @@ impl Ops {
                 Ok(Ok(summary)) if Instant::now() <= gate_until => Ok(summary),
                 Ok(Ok(_)) => Err("a pass ended after the gate's end".to_string()),
                 Ok(Err(reason)) => Err(reason),
+                // A pass the gate's end cut short says nothing new: the
+                // reason an earlier pass failed stands.
+                Err(_) if !failure.is_empty() => Err(format!(
+                    "{failure} (the last pass was cut short by the gate's end)"
+                )),
                 Err(_) => Err(format!(
                     "a pass did not end within the {:.1} s left",
                     budget.as_secs_f64()

@@ -45,6 +45,7 @@ impl Ops {
                 addressing: addressing.to_string(),
                 recipients: options.encrypt.clone(),
                 key: None,
+                size: None,
                 kit: options.kit,
                 tiers: options.tiers,
             })
@@ -136,6 +137,7 @@ impl Ops {
         ) + &kit_note;
         if let Some(o) = facts.off_host.as_mut() {
             o.key = Some(object.key.clone());
+            o.size = Some(object.size);
         }
         Ok(Outcome::done(detail))
     }

@@ -186,6 +186,9 @@ pub struct OffHost {
     pub recipients: Vec<String>,
     /// The stored object's key, once stored.
     pub key: Option<String>,
+    /// The stored object's size, once stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
     /// Whether a recovery kit goes beside it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub kit: bool,

@@ -82,6 +82,8 @@ pub struct ClusterConfig {
     pub context: Option<String>,
     /// Scheduled snapshots; none when absent.
     pub snapshots: Option<SnapshotSchedule>,
+    /// Scheduled restore drills; none when absent.
+    pub drills: Option<DrillSchedule>,
 }
 
 /// When and where to take a cluster's snapshots, and what to keep.
@@ -99,6 +101,47 @@ pub struct SnapshotSchedule {
     pub keep: usize,
     /// Remove catalogued snapshots older than this.
     pub max_age: Option<HumanDuration>,
+    /// Off-host instead of `dir`: `s3://BUCKET/PREFIX` (credentials,
+    /// region and endpoint from the daemon's AWS_* environment).
+    pub store: Option<String>,
+    /// `path` (self-hosted servers; the default) or `virtual` addressing.
+    pub s3_addressing: Option<String>,
+    /// age recipients (`age1...`) the off-host snapshots are encrypted to.
+    #[serde(default)]
+    pub encrypt: Vec<String>,
+    /// Store a recovery kit beside each (needs `encrypt`).
+    #[serde(default)]
+    pub kit: bool,
+    /// Off-host retention tiers beside `keep`: the newest backup of each
+    /// of the latest N hours, days and ISO weeks.
+    #[serde(default)]
+    pub hourly: usize,
+    /// See `hourly`.
+    #[serde(default)]
+    pub daily: usize,
+    /// See `hourly`.
+    #[serde(default)]
+    pub weekly: usize,
+    /// Each snapshot starts up to this much later than its schedule says,
+    /// at random, so many daemons do not all hit one store at once.
+    pub jitter: Option<HumanDuration>,
+}
+
+/// Scheduled restore drills of a cluster's newest off-host backup.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrillSchedule {
+    /// Time between drills; or `cron`.
+    pub interval: Option<HumanDuration>,
+    /// A cron expression, evaluated in UTC; or `interval`.
+    pub cron: Option<CronSchedule>,
+    /// The store (default: the cluster's `snapshots.store`).
+    pub from: Option<String>,
+    /// Files of age identities that decrypt the backups.
+    #[serde(default)]
+    pub identity: Vec<PathBuf>,
+    /// `path` or `virtual` addressing (default: the snapshots' setting).
+    pub s3_addressing: Option<String>,
 }
 
 /// A parsed cron expression.
@@ -114,22 +157,67 @@ impl<'de> Deserialize<'de> for CronSchedule {
     }
 }
 
-impl SnapshotSchedule {
-    /// How long from now until the next snapshot is due (at most
+/// When a scheduled task runs: a steady interval or a cron expression.
+pub trait Cadence {
+    /// The interval, if the schedule is one.
+    fn interval(&self) -> Option<HumanDuration>;
+    /// The cron expression, if the schedule is one.
+    fn cron(&self) -> Option<&CronSchedule>;
+
+    /// How long from now until the next run is due (at most
     /// [`MAX_DURATION`]).
-    pub fn until_next(&self) -> Duration {
-        match (&self.interval, &self.cron) {
-            (Some(interval), _) => interval.0.min(MAX_DURATION),
-            (None, Some(cron)) => {
-                let now = chrono::Utc::now();
-                cron.0
-                    .find_next_occurrence(&now, false)
-                    .ok()
-                    .and_then(|next| (next - now).to_std().ok())
-                    .unwrap_or(Duration::from_secs(60))
-            }
-            (None, None) => Duration::from_secs(3600),
+    fn until_next(&self) -> Duration {
+        until_next(self.interval().as_ref(), self.cron())
+    }
+}
+
+impl Cadence for SnapshotSchedule {
+    fn interval(&self) -> Option<HumanDuration> {
+        self.interval
+    }
+    fn cron(&self) -> Option<&CronSchedule> {
+        self.cron.as_ref()
+    }
+}
+
+impl Cadence for DrillSchedule {
+    fn interval(&self) -> Option<HumanDuration> {
+        self.interval
+    }
+    fn cron(&self) -> Option<&CronSchedule> {
+        self.cron.as_ref()
+    }
+}
+
+impl SnapshotSchedule {
+    /// The snapshot the schedule (and a caller who names no place) takes:
+    /// into the configured store with its encryption, kit and tiers, or
+    /// into the snapshot directory.
+    pub fn snapshot_options(&self) -> talos_client::ops::SnapshotOptions {
+        let mut options = talos_client::ops::SnapshotOptions::default();
+        if let Some(store) = &self.store {
+            options.store = Some(store.clone());
+            options.s3_addressing = self.s3_addressing.clone();
+            options.encrypt = self.encrypt.clone();
+            options.kit = self.kit;
+            options.tiers = talos_client::ops::Tiers::new(self.hourly, self.daily, self.weekly);
         }
+        options
+    }
+}
+
+fn until_next(interval: Option<&HumanDuration>, cron: Option<&CronSchedule>) -> Duration {
+    match (interval, cron) {
+        (Some(interval), _) => interval.0.min(MAX_DURATION),
+        (None, Some(cron)) => {
+            let now = chrono::Utc::now();
+            cron.0
+                .find_next_occurrence(&now, false)
+                .ok()
+                .and_then(|next| (next - now).to_std().ok())
+                .unwrap_or(Duration::from_secs(60))
+        }
+        (None, None) => Duration::from_secs(3600),
     }
 }
 
@@ -281,7 +369,42 @@ impl Config {
                     "give exactly one of interval and cron".into(),
                 ));
             }
-            let tc_line = find_key_line(&text[from..], "talosconfig") + line_of(text, from) - 1;
+            let line_in_cluster =
+                |k: &str| find_key_line(&text[from..], k) + line_of(text, from) - 1;
+            let section_line = |header: &str| {
+                text[from..]
+                    .lines()
+                    .position(|l| l.trim() == header)
+                    .map_or(1, |i| i + line_of(text, from))
+            };
+            if let Some(schedule) = &cluster.snapshots {
+                check_snapshot_store(schedule).map_err(|(k, message)| {
+                    invalid(line_in_cluster(k), key(&format!("snapshots.{k}")), message)
+                })?;
+            }
+            if let Some(drills) = &cluster.drills {
+                if drills.interval.is_some() == drills.cron.is_some() {
+                    return Err(invalid(
+                        section_line("[cluster.drills]"),
+                        key("drills"),
+                        "give exactly one of interval and cron".into(),
+                    ));
+                }
+                check_drills(drills, cluster.snapshots.as_ref()).map_err(|(k, message)| {
+                    let line = if k.is_empty() {
+                        section_line("[cluster.drills]")
+                    } else {
+                        line_in_cluster(k)
+                    };
+                    let at = if k.is_empty() {
+                        key("drills")
+                    } else {
+                        key(&format!("drills.{k}"))
+                    };
+                    invalid(line, at, message)
+                })?;
+            }
+            let tc_line = line_in_cluster("talosconfig");
             let context = TalosConfig::read(&cluster.talosconfig)
                 .and_then(|tc| {
                     let overrides = Overrides::default().with_context(cluster.context.clone());
@@ -295,6 +418,96 @@ impl Config {
         }
         Ok((config, resolved))
     }
+}
+
+/// Checks the off-host settings of a snapshot schedule as the snapshot
+/// will use them; the error names the key at fault.
+fn check_snapshot_store(s: &SnapshotSchedule) -> Result<(), (&'static str, String)> {
+    let addressing = s.s3_addressing.as_deref().unwrap_or("path");
+    let addressing = addressing
+        .parse::<talos_client::backup::Addressing>()
+        .map_err(|e| ("s3_addressing", e.to_string()))?;
+    let Some(store) = &s.store else {
+        for (k, set) in [
+            ("encrypt", !s.encrypt.is_empty()),
+            ("kit", s.kit),
+            ("hourly", s.hourly > 0),
+            ("daily", s.daily > 0),
+            ("weekly", s.weekly > 0),
+        ] {
+            if set {
+                return Err((
+                    k,
+                    "is for an off-host store: set `store = \"s3://BUCKET/PREFIX\"`".into(),
+                ));
+            }
+        }
+        return Ok(());
+    };
+    if s.dir.is_some() {
+        return Err(("store", "give one of dir and store".into()));
+    }
+    if !store.starts_with("s3://") {
+        return Err((
+            "store",
+            format!("{store:?}: an off-host store is s3://BUCKET/PREFIX (a directory is `dir`)"),
+        ));
+    }
+    talos_client::backup::S3Settings::parse(store, addressing)
+        .map_err(|e| ("store", e.to_string()))?;
+    for r in &s.encrypt {
+        r.parse::<talos_client::backup::Recipient>()
+            .map_err(|e| ("encrypt", format!("{r:?}: {e}")))?;
+    }
+    if s.kit && s.encrypt.is_empty() {
+        return Err((
+            "kit",
+            "a recovery kit holds the cluster's secret-encryption keys and is only stored encrypted: set `encrypt`".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a drill schedule: a store to drill and the identities that open
+/// what is stored there.
+fn check_drills(
+    d: &DrillSchedule,
+    snapshots: Option<&SnapshotSchedule>,
+) -> Result<(), (&'static str, String)> {
+    let from = d
+        .from
+        .as_deref()
+        .or_else(|| snapshots.and_then(|s| s.store.as_deref()))
+        .ok_or((
+            "",
+            "no store to drill: set `from`, or `store` under [cluster.snapshots]".to_string(),
+        ))?;
+    let addressing = d
+        .s3_addressing
+        .as_deref()
+        .or_else(|| snapshots.and_then(|s| s.s3_addressing.as_deref()))
+        .unwrap_or("path")
+        .parse::<talos_client::backup::Addressing>()
+        .map_err(|e| ("s3_addressing", e.to_string()))?;
+    if !from.starts_with("s3://") {
+        return Err((
+            "from",
+            format!("{from:?}: drills read an off-host store, s3://BUCKET/PREFIX"),
+        ));
+    }
+    talos_client::backup::S3Settings::parse(from, addressing)
+        .map_err(|e| ("from", e.to_string()))?;
+    for file in &d.identity {
+        talos_client::backup::read_identities(file).map_err(|e| ("identity", e.to_string()))?;
+    }
+    let encrypted = snapshots.is_some_and(|s| !s.encrypt.is_empty());
+    if encrypted && d.identity.is_empty() {
+        return Err((
+            "identity",
+            "the snapshots are encrypted: give the file of an age identity that opens them".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The line (from 1) of byte offset `at` in `text`.

@@ -25,14 +25,23 @@ pub fn duration(record: &OpRecord) -> Duration {
 /// A snapshot operation's `snapshot` step: when it ended (Unix seconds)
 /// and how long it ran.
 pub fn snapshot_step(record: &OpRecord) -> Option<(f64, Duration)> {
-    let step = record.steps.iter().find(|s| s.name == "snapshot")?;
+    step_end(record, "snapshot")
+}
+
+/// When step `name` of `record` ended (Unix seconds) and how long it ran.
+fn step_end(record: &OpRecord, name: &str) -> Option<(f64, Duration)> {
+    let step = record.steps.iter().find(|s| s.name == name)?;
     let at = OffsetDateTime::parse(step.finished.as_deref()?, &Rfc3339).ok()?;
     let took = Duration::from_millis(step.duration_ms?);
     Some((at.unix_timestamp_nanos() as f64 / 1e9, took))
 }
 
-/// The size of the verified snapshot `record` names, from its sidecar.
+/// The size of the verified snapshot `record` names, from its sidecar
+/// (or, off-host, the stored object's size).
 fn snapshot_size(record: &OpRecord) -> Option<u64> {
+    if let Some(size) = record.facts["off_host"]["size"].as_u64() {
+        return Some(size);
+    }
     let path = PathBuf::from(format!("{}.json", record.facts["snapshot"].as_str()?));
     let meta: talos_client::snapshot::SnapshotMetadata =
         serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
@@ -45,6 +54,19 @@ pub fn record(metrics: &Metrics, cluster: &str, record: &OpRecord, result: &str)
     metrics.operation(cluster, &record.kind, result, duration(record));
     if let Some(gap) = record.facts["leave_to_reset_gap_ms"].as_f64() {
         metrics.leave_to_reset_gap(cluster, gap / 1000.0);
+    }
+    if record.kind == talos_client::ops::OpKind::Drill.name() {
+        match record.state {
+            OpState::Succeeded => {
+                if let Some((at, took)) = step_end(record, "drill") {
+                    let revision = record.facts["report"]["revision"].as_i64();
+                    metrics.drill_succeeded(cluster, at, took, revision);
+                }
+            }
+            OpState::Running => {}
+            _ => metrics.drill_failed(cluster),
+        }
+        return;
     }
     if record.kind != talos_client::ops::OpKind::Snapshot.name() {
         return;

@@ -197,7 +197,8 @@ impl Manager {
     /// is let go at once; a start plans again and compares fingerprints.
     pub async fn plan(&self, cluster: &str, spec: &OpSpec) -> Result<Plan, StartError> {
         let resolved = self.resolve(cluster)?;
-        let mut plan = self.open(&resolved)?.plan(spec).await?;
+        let spec = configured(&resolved, spec.clone());
+        let mut plan = self.open(&resolved)?.plan(&spec).await?;
         plan.release();
         Ok(plan)
     }
@@ -222,6 +223,7 @@ impl Manager {
         confirmed: Option<String>,
     ) -> Result<(OpRecord, Vec<String>), StartError> {
         let resolved = self.resolve(cluster)?;
+        let spec = configured(&resolved, spec);
         let (id, notes) = self.spawn(resolved, Job::Run(spec, confirmed)).await?;
         Ok((self.journal()?.get(&id)?, notes))
     }
@@ -461,6 +463,22 @@ impl Manager {
             }
             idle.await;
         }
+    }
+}
+
+/// A snapshot that names no place goes where the cluster's snapshots are
+/// configured to go: its off-host store (with encryption, kit and tiers)
+/// when one is set. The caller's `keep` stands.
+fn configured(cluster: &ResolvedCluster, spec: OpSpec) -> OpSpec {
+    match (spec, cluster.config.snapshots.as_ref()) {
+        (OpSpec::Snapshot(asked), Some(schedule))
+            if asked.dir.is_none() && asked.store.is_none() && schedule.store.is_some() =>
+        {
+            let mut options = schedule.snapshot_options();
+            options.keep = asked.keep;
+            OpSpec::Snapshot(options)
+        }
+        (spec, _) => spec,
     }
 }
 

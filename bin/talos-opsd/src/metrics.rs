@@ -1,7 +1,9 @@
 //! Prometheus metrics (prometheus-client), served as text on
 //! `--metrics-addr` when given: operations by kind and result, their
 //! duration, the last successful snapshot's time, size and duration per
-//! cluster, snapshot failures, and the last leave-to-reset gap.
+//! cluster, snapshot failures, the last leave-to-reset gap, and restore
+//! drills: the last passed drill's time, duration and revision, and the
+//! drills that failed.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -46,6 +48,10 @@ pub struct Metrics {
     snapshot_duration: Family<ClusterLabels, F64Gauge>,
     snapshot_failures: Family<ClusterLabels, Counter>,
     gap: Family<ClusterLabels, F64Gauge>,
+    drill_time: Family<ClusterLabels, F64Gauge>,
+    drill_duration: Family<ClusterLabels, F64Gauge>,
+    drill_revision: Family<ClusterLabels, Gauge>,
+    drill_failures: Family<ClusterLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -67,6 +73,10 @@ impl Metrics {
         let snapshot_duration = Family::<ClusterLabels, F64Gauge>::default();
         let snapshot_failures = Family::<ClusterLabels, Counter>::default();
         let gap = Family::<ClusterLabels, F64Gauge>::default();
+        let drill_time = Family::<ClusterLabels, F64Gauge>::default();
+        let drill_duration = Family::<ClusterLabels, F64Gauge>::default();
+        let drill_revision = Family::<ClusterLabels, Gauge>::default();
+        let drill_failures = Family::<ClusterLabels, Counter>::default();
         registry.register(
             "operations",
             "Operations ended, by cluster, kind and result",
@@ -102,6 +112,26 @@ impl Metrics {
             "The last retire's time between the leave's answer and the reset",
             gap.clone(),
         );
+        registry.register(
+            "drill_last_success_timestamp_seconds",
+            "When the last restore drill that passed ended (Unix time)",
+            drill_time.clone(),
+        );
+        registry.register(
+            "drill_last_duration_seconds",
+            "How long the last restore drill that passed ran",
+            drill_duration.clone(),
+        );
+        registry.register(
+            "drill_last_revision",
+            "The etcd revision the last restore drill that passed restored",
+            drill_revision.clone(),
+        );
+        registry.register(
+            "drill_failures",
+            "Restore drills that failed or could not start",
+            drill_failures.clone(),
+        );
         Metrics {
             registry: Arc::new(Mutex::new(registry)),
             operations,
@@ -111,6 +141,10 @@ impl Metrics {
             snapshot_duration,
             snapshot_failures,
             gap,
+            drill_time,
+            drill_duration,
+            drill_revision,
+            drill_failures,
         }
     }
 
@@ -151,6 +185,30 @@ impl Metrics {
     /// A snapshot failed.
     pub fn snapshot_failed(&self, cluster: &str) {
         self.snapshot_failures
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.into(),
+            })
+            .inc();
+    }
+
+    /// A restore drill passed at `at` (Unix seconds) after `took`, having
+    /// restored `revision`.
+    pub fn drill_succeeded(&self, cluster: &str, at: f64, took: Duration, revision: Option<i64>) {
+        let labels = ClusterLabels {
+            cluster: cluster.into(),
+        };
+        self.drill_time.get_or_create(&labels).set(at);
+        self.drill_duration
+            .get_or_create(&labels)
+            .set(took.as_secs_f64());
+        if let Some(revision) = revision {
+            self.drill_revision.get_or_create(&labels).set(revision);
+        }
+    }
+
+    /// A restore drill failed (or could not start).
+    pub fn drill_failed(&self, cluster: &str) {
+        self.drill_failures
             .get_or_create(&ClusterLabels {
                 cluster: cluster.into(),
             })

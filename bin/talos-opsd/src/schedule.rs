@@ -1,61 +1,115 @@
-//! Scheduled snapshots: per cluster with a `[cluster.snapshots]` table, a
-//! verified snapshot every interval, through the same operation as the API
-//! (so it is journaled, catalogued, and refused while another operation
-//! holds the cluster). A failed or refused tick is logged, counted and
-//! retried at the next one.
+//! Scheduled work, per cluster: a verified snapshot (`[cluster.snapshots]`)
+//! and a restore drill of the newest off-host backup (`[cluster.drills]`),
+//! each every interval or at each cron time, through the same operations
+//! as the API (so they are journaled, counted in the metrics, and refused
+//! while another operation holds the cluster). A failed or refused tick is
+//! logged, counted and retried at the next one.
 
+use std::future::Future;
+use std::hash::{BuildHasher as _, Hasher as _};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
+use crate::config::Cadence;
 use crate::manager::Manager;
-use talos_client::ops::{OpSpec, SnapshotOptions};
+use talos_client::ops::{DrillOptions, OpKind, OpSpec};
 
-/// Starts one schedule task per cluster with snapshots configured; they end
-/// when `generation` moves past `mine` (a reload) or the daemon stops.
+/// Starts the schedule tasks of every cluster; they end when `generation`
+/// moves past the current one (a reload) or the daemon stops.
 pub fn start(manager: &Arc<Manager>, generation: &Arc<AtomicU64>) {
-    let mine = generation.load(Ordering::SeqCst);
     for cluster in manager.clusters() {
-        let Some(schedule) = cluster.config.snapshots.clone() else {
-            continue;
-        };
-        let manager = Arc::clone(manager);
-        let generation = Arc::clone(generation);
         let name = cluster.config.name.clone();
-        tokio::spawn(async move {
-            let mut next = later(tokio::time::Instant::now(), schedule.until_next());
-            loop {
-                tokio::time::sleep_until(next).await;
-                let now = tokio::time::Instant::now();
-                next = match schedule.interval {
-                    // A steady cadence; a tick that overran is not repeated.
-                    Some(interval) => later(next, interval.0).max(now),
-                    None => later(now, schedule.until_next()),
-                };
-                if manager.is_stopping() || generation.load(Ordering::SeqCst) != mine {
-                    return;
-                }
-                tick(&manager, &name).await;
-            }
-        });
+        if let Some(schedule) = cluster.config.snapshots.clone() {
+            let jitter = schedule.jitter.map(|j| j.0);
+            let spec = OpSpec::Snapshot(schedule.snapshot_options());
+            every(manager, generation, schedule, jitter, {
+                let name = name.clone();
+                move |manager| tick(manager, name.clone(), spec.clone())
+            });
+        }
+        if let Some(drills) = cluster.config.drills.clone() {
+            let snapshots = cluster.config.snapshots.as_ref();
+            let from = drills
+                .from
+                .clone()
+                .or_else(|| snapshots.and_then(|s| s.store.clone()))
+                .unwrap_or_default();
+            let mut options = DrillOptions::new(from);
+            options.identity_files = drills.identity.clone();
+            options.s3_addressing = drills
+                .s3_addressing
+                .clone()
+                .or_else(|| snapshots.and_then(|s| s.s3_addressing.clone()));
+            let spec = OpSpec::Drill(options);
+            let name = name.clone();
+            every(manager, generation, drills, None, move |manager| {
+                tick(manager, name.clone(), spec.clone())
+            });
+        }
     }
+}
+
+/// Runs `task` on `cadence` (each run up to `jitter` late, at random)
+/// until a reload or shutdown.
+fn every<C, F, Fut>(
+    manager: &Arc<Manager>,
+    generation: &Arc<AtomicU64>,
+    cadence: C,
+    jitter: Option<Duration>,
+    task: F,
+) where
+    C: Cadence + Send + 'static,
+    F: Fn(Arc<Manager>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let mine = generation.load(Ordering::SeqCst);
+    let manager = Arc::clone(manager);
+    let generation = Arc::clone(generation);
+    tokio::spawn(async move {
+        let mut next = later(tokio::time::Instant::now(), cadence.until_next());
+        loop {
+            let delay = jitter.map_or(Duration::ZERO, random_below);
+            tokio::time::sleep_until(later(next, delay)).await;
+            let now = tokio::time::Instant::now();
+            next = match cadence.interval() {
+                // A steady cadence; a tick that overran is not repeated.
+                Some(interval) => later(next, interval.0).max(now),
+                None => later(now, cadence.until_next()),
+            };
+            if manager.is_stopping() || generation.load(Ordering::SeqCst) != mine {
+                return;
+            }
+            task(Arc::clone(&manager)).await;
+        }
+    });
+}
+
+/// A random duration in `[0, bound)`.
+fn random_below(bound: Duration) -> Duration {
+    let millis = bound.as_millis().min(u128::from(u64::MAX)) as u64;
+    if millis == 0 {
+        return Duration::ZERO;
+    }
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(millis);
+    Duration::from_millis(hasher.finish() % millis)
 }
 
 /// `from + by`, or a year from `from` should the clock not reach that far
 /// (durations are bounded by the configuration, so this is a safety net, not
 /// a schedule).
-fn later(from: tokio::time::Instant, by: std::time::Duration) -> tokio::time::Instant {
+fn later(from: tokio::time::Instant, by: Duration) -> tokio::time::Instant {
     from.checked_add(by)
-        .or_else(|| from.checked_add(std::time::Duration::from_secs(365 * 86400)))
+        .or_else(|| from.checked_add(Duration::from_secs(365 * 86400)))
         .unwrap_or(from)
 }
 
-async fn tick(manager: &Arc<Manager>, cluster: &str) {
-    match manager
-        .start(cluster, OpSpec::Snapshot(SnapshotOptions::default()), None)
-        .await
-    {
+async fn tick(manager: Arc<Manager>, cluster: String, spec: OpSpec) {
+    let kind = spec.kind().name();
+    match manager.start(&cluster, spec, None).await {
         Ok((record, _)) => {
-            tracing::info!(cluster, op = %record.id, "scheduled snapshot started");
+            tracing::info!(cluster, op = %record.id, kind, "scheduled operation started");
             // Wait for it, so ticks never pile up on one cluster.
             let rx = manager.running(&record.id).map(|r| r.events.subscribe());
             if let Some(mut rx) = rx {
@@ -72,10 +126,15 @@ async fn tick(manager: &Arc<Manager>, cluster: &str) {
             }
         }
         Err(e) => {
-            manager.metrics.snapshot_failed(cluster);
+            if kind == OpKind::Snapshot.name() {
+                manager.metrics.snapshot_failed(&cluster);
+            } else if kind == OpKind::Drill.name() {
+                manager.metrics.drill_failed(&cluster);
+            }
             tracing::warn!(
                 cluster,
-                "scheduled snapshot not taken, retried next tick: {e}"
+                kind,
+                "scheduled operation not started, retried next tick: {e}"
             );
         }
     }

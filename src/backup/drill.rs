@@ -217,6 +217,70 @@ async fn run(
     Ok(())
 }
 
+/// A backup fetched back: its sidecar and what verifying the snapshot
+/// written out found.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Fetched {
+    /// The sidecar.
+    pub metadata: BackupMetadata,
+    /// The verified snapshot (its report matches the sidecar's).
+    pub snapshot: SnapshotReport,
+}
+
+/// Fetches the backup whose object is `key` into the new file `out` (mode
+/// 0600): the object streamed through its sha256, age (with `identities`)
+/// and zstd, then every check of a saved snapshot and a comparison with the
+/// sidecar, as a drill does them. A check that fails is an error naming it;
+/// `out` is then removed.
+pub async fn fetch_snapshot(
+    store: &dyn Store,
+    key: &str,
+    identities: &[Identity],
+    out: &Path,
+) -> Result<Fetched, BackupError> {
+    let mut report = DrillReport {
+        store: store.describe(),
+        key: key.to_owned(),
+        ok: true,
+        failed_check: None,
+        checks: Vec::new(),
+        revision: None,
+        keys: None,
+        prefixes: BTreeMap::new(),
+        restore_tool: None,
+        duration_ms: 0,
+    };
+    let options = DrillOptions {
+        identities: identities.to_vec(),
+        ..DrillOptions::default()
+    };
+    let mut fetched = None;
+    if let Some(meta) = read_sidecar(store, key, &mut report).await?
+        && fetch(store, &meta, &options, out, &mut report).await?
+        && let Some(snapshot) = verify(out, &meta, &mut report).await
+    {
+        fetched = Some(Fetched {
+            metadata: meta,
+            snapshot,
+        });
+    }
+    match fetched {
+        Some(fetched) if report.ok => Ok(fetched),
+        _ => {
+            let _ = std::fs::remove_file(out);
+            let failed = report.checks.iter().find(|c| !c.ok);
+            Err(BackupError::Metadata {
+                key: key.to_owned(),
+                problem: match failed {
+                    Some(c) => format!("failed the {} check: {}", c.name, c.detail),
+                    None => "could not be fetched".into(),
+                },
+            })
+        }
+    }
+}
+
 async fn read_sidecar(
     store: &dyn Store,
     key: &str,

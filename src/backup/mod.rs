@@ -50,7 +50,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use catalogue::{CatalogueEntry, catalogue, read_kit};
-pub use drill::{DrillCheck, DrillOptions, DrillReport, drill};
+pub use drill::{DrillCheck, DrillOptions, DrillReport, Fetched, drill, fetch_snapshot};
 pub use keys::{Identity, Recipient, read_identities};
 pub use metadata::{
     BackupMetadata, CaFingerprint, Encryption, EncryptionSecret, FORMAT, KIT_SUFFIX, KitMember,

@@ -86,24 +86,11 @@ impl Ops {
         {
             use super::OpSpec;
             use super::plan::{Facts, PlannedStep, Step};
-            use crate::backup;
             let (store, _) = self.drill_inputs(options).map_err(bad)?;
-            let entries = backup::catalogue(&[&*store])
+            let entry = self
+                .choose_backup(&*store, options.key.as_deref())
                 .await
-                .map_err(|e| bad(e.to_string()))?;
-            let entry = match &options.key {
-                Some(key) => entries.iter().find(|e| e.metadata.object.key == *key),
-                None => entries
-                    .iter()
-                    .find(|e| e.metadata.cluster == self.context && e.complete),
-            };
-            let Some(entry) = entry else {
-                return Err(bad(match &options.key {
-                    Some(key) => format!("no catalogued backup {key}"),
-                    None => format!("no complete backup of cluster {:?}", self.context),
-                })
-                .into());
-            };
+                .map_err(bad)?;
             let facts = DrillFacts {
                 store: options.from.clone(),
                 key: entry.metadata.object.key.clone(),
@@ -134,8 +121,31 @@ impl Ops {
         }
     }
 
+    /// The backup `key` in `store`, or the newest complete one of this
+    /// cluster.
     #[cfg(feature = "backup")]
-    fn drill_inputs(
+    pub(super) async fn choose_backup(
+        &self,
+        store: &dyn crate::backup::Store,
+        key: Option<&str>,
+    ) -> Result<crate::backup::CatalogueEntry, String> {
+        let entries = crate::backup::catalogue(&[store])
+            .await
+            .map_err(|e| e.to_string())?;
+        let entry = match key {
+            Some(key) => entries.into_iter().find(|e| e.metadata.object.key == key),
+            None => entries
+                .into_iter()
+                .find(|e| e.metadata.cluster == self.context && e.complete),
+        };
+        entry.ok_or_else(|| match key {
+            Some(key) => format!("no catalogued backup {key}"),
+            None => format!("no complete backup of cluster {:?}", self.context),
+        })
+    }
+
+    #[cfg(feature = "backup")]
+    pub(super) fn drill_inputs(
         &self,
         options: &DrillOptions,
     ) -> Result<(Box<dyn crate::backup::Store>, Vec<crate::backup::Identity>), String> {

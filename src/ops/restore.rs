@@ -24,8 +24,21 @@ use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct RestoreOptions {
-    /// The snapshot file (as `ops snapshot` or `etcd snapshot` saved it).
-    pub from: PathBuf,
+    /// The snapshot file (as `ops snapshot` or `etcd snapshot` saved it),
+    /// or an off-host store `s3://BUCKET/PREFIX` (feature `backup`): its
+    /// newest complete backup of this cluster, or `key`, fetched,
+    /// decrypted and verified into the state directory first.
+    pub from: String,
+    /// The backup's object key in an off-host store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Files of age identities that decrypt an off-host backup; their
+    /// contents are never journaled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identity_files: Vec<PathBuf>,
+    /// `path` (default) or `virtual` addressing of an S3 store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3_addressing: Option<String>,
     /// The control-plane node to restore onto (address or name).
     pub node: String,
     /// How long the other control-plane nodes may take to rejoin as voters.
@@ -39,9 +52,12 @@ impl RestoreOptions {
     pub const DEFAULT_REJOIN_TIMEOUT: Duration = Duration::from_secs(600);
 
     /// A restore of `from` onto `node`.
-    pub fn new(from: impl Into<PathBuf>, node: impl Into<String>) -> RestoreOptions {
+    pub fn new(from: impl Into<String>, node: impl Into<String>) -> RestoreOptions {
         RestoreOptions {
             from: from.into(),
+            key: None,
+            identity_files: Vec::new(),
+            s3_addressing: None,
             node: node.into(),
             rejoin_timeout: RestoreOptions::DEFAULT_REJOIN_TIMEOUT,
         }
@@ -108,6 +124,9 @@ pub struct RestoreFacts {
     /// That snapshot.
     #[serde(default)]
     pub proof: Option<PathBuf>,
+    /// Where the snapshot was fetched from (`s3://BUCKET/PREFIX/KEY`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetched_from: Option<String>,
 }
 
 /// How long one "is etcd alive here" question may take.
@@ -121,7 +140,12 @@ impl Ops {
     /// with a leader (nodes: the talosconfig's endpoints and the target);
     /// the target answering and running no etcd.
     pub(super) async fn plan_restore(&self, options: &RestoreOptions) -> Result<Plan, OpsError> {
-        let snapshot = std::path::absolute(&options.from).unwrap_or_else(|_| options.from.clone());
+        let (snapshot, fetched_from, mut notes) = if options.from.starts_with("s3://") {
+            self.fetch_for_restore(options).await?
+        } else {
+            let path = PathBuf::from(&options.from);
+            (std::path::absolute(&path).unwrap_or(path), None, Vec::new())
+        };
         let report = crate::snapshot::verify_file(&snapshot).map_err(|e| Refusal::BadSnapshot {
             file: snapshot.display().to_string(),
             error: e.to_string(),
@@ -167,6 +191,7 @@ impl Ops {
             others: hosts.into_iter().filter(|h| *h != node).collect(),
             restored: None,
             proof: None,
+            fetched_from,
         };
         let step = |s: RestoreStep, text: String| PlannedStep::new(Step::Restore(s), text);
         let steps = vec![
@@ -211,10 +236,10 @@ impl Ops {
                 },
             ),
         ];
-        let notes = vec![format!(
+        notes.insert(0, format!(
             "everything written to etcd after revision {} is lost; the other control-plane nodes must have had their etcd data wiped (reset with EPHEMERAL) to join",
             facts.revision
-        )];
+        ));
         let basis = format!("restore {} {}", facts.sha256, node);
         Ok(Plan::new(
             OpSpec::Restore(options.clone()),
@@ -223,6 +248,116 @@ impl Ops {
             Facts::Restore(facts),
             &basis,
         ))
+    }
+
+    /// Fetches an off-host backup for a restore into
+    /// `STATE_DIR/restore/` (mode 0600): its object's sha256, age, zstd,
+    /// every snapshot check and the sidecar compared, before the plan is
+    /// shown. With a recovery kit, the target's secret-encryption key is
+    /// compared with the kit's: a restored cluster whose configuration has
+    /// another key cannot read its Secrets.
+    async fn fetch_for_restore(
+        &self,
+        options: &RestoreOptions,
+    ) -> Result<(PathBuf, Option<String>, Vec<String>), OpsError> {
+        let bad = |error: String| Refusal::BadStore {
+            store: options.from.clone(),
+            error,
+        };
+        #[cfg(feature = "backup")]
+        {
+            use std::os::unix::fs::DirBuilderExt as _;
+            let mut drill = super::DrillOptions::new(options.from.clone());
+            drill.identity_files = options.identity_files.clone();
+            drill.s3_addressing = options.s3_addressing.clone();
+            let (store, identities) = self.drill_inputs(&drill).map_err(bad)?;
+            let entry = self
+                .choose_backup(&*store, options.key.as_deref())
+                .await
+                .map_err(bad)?;
+            let key = entry.metadata.object.key.clone();
+            let dir = self.state_dir.join("restore");
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| bad(format!("{}: {e}", dir.display())))?;
+            let base = key.rsplit('/').next().unwrap_or(&key);
+            let base = base
+                .strip_suffix(".zst.age")
+                .or(base.strip_suffix(".zst"))
+                .unwrap_or(base);
+            let out = dir.join(format!(
+                "{}-{base}",
+                time::OffsetDateTime::now_utc().unix_timestamp()
+            ));
+            let fetched = crate::backup::fetch_snapshot(&*store, &key, &identities, &out)
+                .await
+                .map_err(|e| Refusal::BadSnapshot {
+                    file: format!("{}/{key}", options.from.trim_end_matches('/')),
+                    error: e.to_string(),
+                })?;
+            let mut notes = vec![format!(
+                "{}/{key} fetched, decrypted and verified into {}",
+                options.from.trim_end_matches('/'),
+                out.display()
+            )];
+            if fetched.metadata.kit.is_some() {
+                let kit = crate::backup::read_kit(&*store, &fetched.metadata, &identities)
+                    .await
+                    .map_err(|e| bad(format!("the recovery kit: {e}")))?;
+                notes.push(self.compare_kit_keys(&options.node, &kit).await);
+            }
+            Ok((
+                out,
+                Some(format!("{}/{key}", options.from.trim_end_matches('/'))),
+                notes,
+            ))
+        }
+        #[cfg(not(feature = "backup"))]
+        {
+            Err(
+                bad("this build has no off-host backups (talos-client feature `backup`)".into())
+                    .into(),
+            )
+        }
+    }
+
+    /// Whether the target's configuration holds the kit's Kubernetes
+    /// secret-encryption key, said as a note.
+    #[cfg(feature = "backup")]
+    async fn compare_kit_keys(&self, node: &str, kit: &crate::backup::RecoveryKit) -> String {
+        let node = super::cluster::host_of(node).to_string();
+        let config = self
+            .client
+            .with_call_timeout(PROBE_TIMEOUT)
+            .node(node.as_str())
+            .resources()
+            .machine_config(crate::client::resources::ConfigId::Active)
+            .await;
+        let Ok(config) = config else {
+            return format!(
+                "the backup's recovery kit holds {} secret-encryption key(s); {node}'s configuration could not be read to compare them",
+                kit.encryption_secrets.len()
+            );
+        };
+        let missing: Vec<&str> = kit
+            .encryption_secrets
+            .iter()
+            .filter(|s| !config.yaml.contains(s.secret.expose()))
+            .map(|s| s.provider.as_str())
+            .collect();
+        if missing.is_empty() {
+            format!(
+                "{node}'s configuration holds the recovery kit's secret-encryption key(s): the restored Secrets can be read"
+            )
+        } else {
+            format!(
+                "WARNING: {node}'s configuration does not hold the recovery kit's {} key: kube-apiserver will not read the restored Secrets until cluster.{}EncryptionSecret is the kit's",
+                missing.join(", "),
+                missing[0]
+            )
+        }
     }
 
     pub(super) async fn restore_step(

@@ -315,3 +315,117 @@ async fn a_kit_goes_beside_the_snapshot_and_its_key_opens_a_secret() {
         "{secret}"
     );
 }
+
+/// `ops restore --from s3://...` fetches the newest backup of the cluster,
+/// decrypts and verifies it before the plan is shown, says whether the
+/// node's configuration holds the kit's key, and brings a node whose etcd
+/// data was wiped back with the backup's revision. A tampered object is
+/// refused before anything is sent.
+#[tokio::test]
+async fn a_restore_from_the_store_brings_the_backup_back() {
+    use std::time::Duration;
+    use talos_client::client::ResetRequest;
+    use talos_test_support::sim::wait_for;
+
+    let f = Fixture::start(1).await;
+    f.sim
+        .cluster
+        .fill("/registry/restore/", 30, 256)
+        .await
+        .unwrap();
+    let server = S3Server::start(false).await;
+    let identity = Identity::generate();
+    let key_file = f.state.path().join("key.txt");
+    std::fs::write(&key_file, identity.to_secret_text()).unwrap();
+    let recipient = identity.recipient().to_string();
+    let stored = snapshot_to(&f, &server, &["--encrypt", recipient.as_str(), "--kit"])
+        .await
+        .ok()
+        .json();
+    let key = stored["facts"]["off_host"]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let store = server.store("prod");
+    let entry = backup::catalogue(&[&store]).await.unwrap().remove(0);
+    let revision = entry.metadata.snapshot.status.revision;
+
+    // The node loses its etcd data.
+    let target = f.sim.ip(1);
+    let admin = f.sim.admin();
+    admin
+        .node(target.as_str())
+        .reset(
+            ResetRequest::default()
+                .with_graceful(false)
+                .with_reboot(true)
+                .with_system_labels_to_wipe(vec!["EPHEMERAL".into()]),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "the node back without etcd",
+        Duration::from_secs(60),
+        || async {
+            let node = admin.node(target.as_str());
+            node.version().await.ok()?;
+            node.etcd_status().await.is_err().then_some(())
+        },
+    )
+    .await;
+
+    let from = format!("s3://{BUCKET}/prod");
+    let key_path = key_file.to_str().unwrap();
+    // A changed object: refused, naming the check, before anything is sent.
+    let object = server.object_file(&format!("prod/{key}"));
+    let original = std::fs::read(&object).unwrap();
+    let mut changed = original.clone();
+    let middle = changed.len() / 2;
+    changed[middle] ^= 0x55;
+    std::fs::write(&object, &changed).unwrap();
+    let refused = ops_in(
+        &f,
+        &server,
+        &["--yes", "restore", "--from", &from, "-i", key_path, &target],
+    )
+    .await;
+    assert_ne!(refused.code, 0, "{}", refused.stdout);
+    assert!(
+        refused.stderr.contains("failed the object check"),
+        "{}",
+        refused.stderr
+    );
+    assert!(admin.node(target.as_str()).etcd_status().await.is_err());
+    std::fs::write(&object, &original).unwrap();
+
+    let run = ops_in(
+        &f,
+        &server,
+        &["--yes", "restore", "--from", &from, "-i", key_path, &target],
+    )
+    .await;
+    let shown = run.stderr.clone();
+    let restored = run.ok().json();
+    assert_eq!(restored["state"], "succeeded", "{restored}");
+    assert_eq!(
+        restored["facts"]["fetched_from"],
+        format!("{from}/{key}"),
+        "{restored}"
+    );
+    assert!(
+        restored["facts"]["restored"][0].as_i64().unwrap() >= revision,
+        "{restored}"
+    );
+    // The plan said where the snapshot came from and that the node's
+    // configuration opens the restored Secrets.
+    assert!(shown.contains("fetched, decrypted and verified"), "{shown}");
+    assert!(
+        shown.contains("holds the recovery kit's secret-encryption key"),
+        "{shown}"
+    );
+    // The fetched snapshot is private to this user.
+    let fetched = restored["facts"]["snapshot"].as_str().unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(fetched).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{fetched}");
+}

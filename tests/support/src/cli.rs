@@ -103,7 +103,13 @@ pub async fn etcd_members_json(talosconfig: &Path) -> serde_json::Value {
         std::time::Duration::from_secs(30),
         || async {
             let members = run(talosconfig, &["-o", "json", "etcd", "members"]).await;
-            if members.code != 0 && members.stdout.contains("etcdserver: no leader") {
+            // The list is linearizable, as Talos's: right after a leave or
+            // a forfeit, etcd answers "no leader" or "leader changed" until
+            // the new leader settles, on a real node as on the simulator.
+            if members.code != 0
+                && (members.stdout.contains("etcdserver: no leader")
+                    || members.stdout.contains("etcdserver: leader changed"))
+            {
                 return None;
             }
             Some(members.ok().json())

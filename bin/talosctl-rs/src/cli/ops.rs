@@ -179,9 +179,19 @@ pub enum OpsCommand {
     /// recovery, check, wait for the other control-plane nodes to rejoin.
     /// Refused while any member's etcd has a leader.
     Restore {
-        /// The snapshot file.
-        #[arg(long, value_name = "SNAPSHOT")]
-        from: PathBuf,
+        /// The snapshot file, or an off-host store s3://BUCKET/PREFIX (its
+        /// newest complete backup of this cluster, or --key).
+        #[arg(long, value_name = "SNAPSHOT|s3://BUCKET/PREFIX")]
+        from: String,
+        /// The backup's key in an off-host store.
+        #[arg(long, requires = "from")]
+        key: Option<String>,
+        /// A file of age identities that decrypt the backup (repeatable).
+        #[arg(long = "identity", short = 'i', value_name = "FILE")]
+        identity: Vec<PathBuf>,
+        /// How S3 requests address the bucket: `path` or `virtual`.
+        #[arg(long, value_name = "path|virtual", default_value = "path")]
+        s3_addressing: String,
         /// The control-plane node to restore onto (address or name).
         node: String,
         /// How long the other control-plane nodes may take to rejoin.
@@ -380,13 +390,22 @@ impl OpsCommand {
             }
             OpsCommand::Restore {
                 from,
+                key,
+                identity,
+                s3_addressing,
                 node,
                 rejoin_timeout,
             } => {
-                let mut o = RestoreOptions::new(
-                    std::path::absolute(from).unwrap_or_else(|_| from.clone()),
-                    node,
-                );
+                let mut o = if from.starts_with("s3://") {
+                    let mut o = RestoreOptions::new(from.clone(), node);
+                    o.key = key.clone();
+                    o.identity_files = identity.iter().map(|f| absolute(f)).collect();
+                    o.s3_addressing = Some(s3_addressing.clone());
+                    o
+                } else {
+                    let file = absolute(&PathBuf::from(from));
+                    RestoreOptions::new(file.display().to_string(), node)
+                };
                 set(&mut o.rejoin_timeout, rejoin_timeout);
                 OpSpec::Restore(o)
             }
@@ -475,4 +494,10 @@ async fn journal_command(
         OpsCommand::Watch { .. } => bail!("ops watch follows a daemon's operation: pass --socket"),
         _ => bail!("not a journal command"),
     }
+}
+
+/// `path` made absolute against the working directory (a journaled
+/// operation may be resumed from elsewhere).
+fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
 }

@@ -537,11 +537,20 @@ impl Journal {
         Ok(())
     }
 
-    /// One operation with its steps; an id prefix is enough when unique.
+    /// One operation with its steps: the one whose id is `id`, else the one
+    /// whose id starts with `id` when only one does. The prefix is compared
+    /// character for character, never as a pattern (`%` and `_` are plain
+    /// characters) and never ignoring case.
     pub fn get(&self, id: &str) -> Result<OpRecord, OpsError> {
+        if id.is_empty() {
+            return Err(OpsError::UnknownOperation(id.into()));
+        }
         let ids: Vec<String> = self
             .conn()
-            .prepare("SELECT id FROM operations WHERE id LIKE ?1 || '%'")
+            .prepare(
+                "SELECT id FROM operations WHERE substr(id, 1, length(?1)) = ?1 \
+                 ORDER BY id = ?1 DESC",
+            )
             .and_then(|mut s| {
                 s.query_map([id], |r| r.get(0))?
                     .collect::<Result<Vec<String>, _>>()
@@ -550,6 +559,9 @@ impl Journal {
         match ids.as_slice() {
             [one] => self
                 .load(one)?
+                .ok_or_else(|| OpsError::UnknownOperation(id.into())),
+            [exact, ..] if exact == id => self
+                .load(exact)?
                 .ok_or_else(|| OpsError::UnknownOperation(id.into())),
             [] => Err(OpsError::UnknownOperation(id.into())),
             _ => Err(OpsError::AmbiguousOperation(id.into())),

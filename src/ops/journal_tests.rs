@@ -225,3 +225,30 @@ fn journal_files_are_made_0600() {
         assert_eq!(mode, 0o600, "{}", file.display());
     }
 }
+
+/// Ids are looked up by exact match or a unique leading part compared
+/// literally: `%` and `_` are not wildcards, case counts, and an id that is
+/// also the prefix of a longer one still finds itself.
+#[test]
+fn ids_match_literally_never_as_patterns() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path()).unwrap();
+    for id in ["op-1", "op-10", "abc-7f", "ABC-80"] {
+        journal.create(&record(id, &[false])).unwrap();
+    }
+    let found = |id: &str| journal.get(id).map(|r| r.id);
+    assert_eq!(found("op-1").unwrap(), "op-1");
+    assert_eq!(found("op-10").unwrap(), "op-10");
+    assert_eq!(found("abc").unwrap(), "abc-7f");
+    assert_eq!(found("ABC").unwrap(), "ABC-80");
+    assert!(matches!(found("op-"), Err(OpsError::AmbiguousOperation(_))));
+    for pattern in ["%", "%7f", "op_1", "_bc", "a%", "", "Abc"] {
+        assert!(
+            matches!(found(pattern), Err(OpsError::UnknownOperation(_))),
+            "{pattern:?} matched {:?}",
+            found(pattern)
+        );
+    }
+    let huge = "%".repeat(3 << 20);
+    assert!(matches!(found(&huge), Err(OpsError::UnknownOperation(_))));
+}

@@ -20,7 +20,8 @@ pub const MAX_UNIX_CONNECTIONS: usize = 256;
 /// Connections served at once on the TCP listener, handshakes included.
 pub const MAX_TCP_CONNECTIONS: usize = 256;
 /// TLS handshakes in progress at once; a peer that sends nothing holds one
-/// for at most [`TLS_HANDSHAKE_TIMEOUT`].
+/// for at most [`TLS_HANDSHAKE_TIMEOUT`], and shares them fairly with
+/// others ([`crate::handshakes`]).
 pub const MAX_TLS_HANDSHAKES: usize = 64;
 /// How long a TCP peer has to complete the TLS handshake.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -9,6 +9,7 @@ pub mod catalogue;
 pub mod config;
 pub mod daemon;
 pub mod h2audit;
+pub mod handshakes;
 pub mod history;
 pub mod input;
 pub mod listen;

@@ -333,7 +333,7 @@ pub fn tls_incoming(
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<TlsConn>> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let (tx, rx) = tokio::sync::mpsc::channel(16);
-    let handshakes = Arc::new(tokio::sync::Semaphore::new(accept::MAX_TLS_HANDSHAKES));
+    let handshakes = crate::handshakes::Handshakes::new(accept::MAX_TLS_HANDSHAKES);
     let listener = Arc::new(listener);
     tokio::spawn(async move {
         accept::run(
@@ -344,17 +344,30 @@ pub fn tls_incoming(
                 async move { listener.accept().await }
             },
             |(tcp, addr), permit| {
-                let Ok(handshake) = Arc::clone(&handshakes).try_acquire_owned() else {
-                    tracing::warn!(target: "audit", who = %addr, "TLS handshake refused: too many handshakes in progress");
-                    return;
+                let slot = match handshakes.admit(addr.ip()) {
+                    Ok((slot, evicted)) => {
+                        if let Some(ip) = evicted {
+                            tracing::warn!(target: "audit", who = %ip, "TLS handshake abandoned: all {} handshake slots were taken and this address held the most", accept::MAX_TLS_HANDSHAKES);
+                        }
+                        slot
+                    }
+                    Err(refused) => {
+                        tracing::warn!(target: "audit", who = %addr, "TLS handshake refused: {refused}");
+                        return;
+                    }
                 };
                 let acceptor = acceptor.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let Some(stream) = handshake_with(&acceptor, tcp, addr).await else {
+                    let mut slot = slot;
+                    let stream = tokio::select! {
+                        stream = handshake_with(&acceptor, tcp, addr) => stream,
+                        _ = &mut slot.abandoned => None,
+                    };
+                    let Some(stream) = stream else {
                         return;
                     };
-                    drop(handshake);
+                    drop(slot);
                     let _ = tx.send(Ok(TlsConn::new(stream, addr, permit))).await;
                 });
             },

@@ -227,3 +227,66 @@ async fn refused_and_silent_handshakes_are_audited_with_the_offered_subject() {
         "{log}"
     );
 }
+
+/// Opens `count` TCP connections to the daemon from `from` that never send
+/// a byte.
+async fn silent_from(from: [u8; 4], port: u16, count: usize) -> Vec<tokio::net::TcpStream> {
+    let mut held = Vec::new();
+    for _ in 0..count {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind((from, 0).into()).unwrap();
+        held.push(socket.connect(([127, 0, 0, 1], port).into()).await.unwrap());
+    }
+    held
+}
+
+/// Peers that connect and say nothing cannot keep a client with a
+/// certificate out: one address gets a few handshake slots and no more,
+/// and when many addresses fill every slot a newcomer takes the oldest.
+/// Both rounds run within one handshake timeout, so nothing here waits
+/// for the silent ones to be dropped.
+#[tokio::test]
+async fn silent_peers_do_not_starve_authenticated_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let server_ca = ca("opsd server CA");
+    let client_ca = ca("opsd client CA");
+    let (cert, key) = leaf(&server_ca, "opsd", true);
+    let port = free_port();
+    let config = format!(
+        "\n[tcp]\nlisten = \"127.0.0.1:{port}\"\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n",
+        write(dir.path(), "server.crt", &cert),
+        write(dir.path(), "server.key", &key),
+        write(dir.path(), "clients.crt", &client_ca.pem),
+    );
+    let d = Daemon::start(dir.path(), &config).await;
+    let alice = leaf(&client_ca, "alice", false);
+
+    // One address, many connections.
+    let _one = silent_from([127, 0, 0, 2], port, 200).await;
+    wait_for("the per-address refusals", Duration::from_secs(4), || {
+        let log = d.log_text();
+        async move { (log.matches("in progress").count() >= 100).then_some(()) }
+    })
+    .await;
+    call(port, &server_ca.pem, Some(&alice))
+        .await
+        .expect("a client with a certificate is served beside a silent address");
+
+    // Many addresses, one connection each, more than there are slots.
+    let mut many = Vec::new();
+    for n in 1..=100u8 {
+        many.extend(silent_from([127, 0, 1, n], port, 1).await);
+    }
+    wait_for(
+        "slots taken from the oldest",
+        Duration::from_secs(4),
+        || {
+            let log = d.log_text();
+            async move { log.contains("TLS handshake abandoned").then_some(()) }
+        },
+    )
+    .await;
+    call(port, &server_ca.pem, Some(&alice))
+        .await
+        .expect("a client with a certificate is served when silent peers fill every slot");
+}

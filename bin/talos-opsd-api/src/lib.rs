@@ -39,12 +39,21 @@ pub enum ConvertError {
 }
 
 /// The gRPC metadata key under which the daemon sends a refusal's typed
-/// reason (JSON of [`talos_client::ops::Refusal`]) with FAILED_PRECONDITION.
+/// reason (JSON of [`talos_client::ops::Refusal`]) with the status of a refusal.
 pub const REFUSAL_METADATA: &str = "x-opsd-refusal-bin";
 
-/// A FAILED_PRECONDITION status for `refusal`, its reason attached.
+/// The status for `refusal`, its reason attached: INVALID_ARGUMENT for
+/// options no cluster could make valid, else FAILED_PRECONDITION.
 pub fn refusal_status(refusal: &talos_client::ops::Refusal, message: String) -> tonic::Status {
-    let mut status = tonic::Status::failed_precondition(message);
+    use talos_client::ops::Refusal;
+    // Options that no cluster could make valid are malformed input; every
+    // other refusal depends on the cluster as read.
+    let mut status = match refusal {
+        Refusal::OutOfBounds { .. } | Refusal::BadThreshold { .. } | Refusal::PinsAndInsecure => {
+            tonic::Status::invalid_argument(message)
+        }
+        _ => tonic::Status::failed_precondition(message),
+    };
     if let Ok(json) = serde_json::to_vec(refusal) {
         status.metadata_mut().insert_bin(
             REFUSAL_METADATA,

@@ -363,3 +363,130 @@ async fn a_socket_path_as_authority_is_refused_with_an_audit_line() {
     assert!(refused.contains(":authority"), "{refused}");
     assert!(refused.contains("grpc.default_authority"), "{refused}");
 }
+
+/// The largest numbers the API can carry reach no panic: every duration
+/// option at `u32::MAX` seconds, and thresholds that are not a ratio, are
+/// `INVALID_ARGUMENT` naming the option and its bounds (with the typed
+/// reason attached); `keep` at its maximum plans; the daemon serves on and
+/// the cluster is unchanged.
+#[tokio::test]
+async fn extreme_numbers_are_refused_by_name_and_nothing_panics() {
+    use tonic::Code;
+    let sim = talos_test_support::sim::SimCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tc = sim.dir.path().join("talosconfig");
+    let d = Daemon::start(dir.path(), &daemon::cluster_toml("a", &tc, "")).await;
+    let mut c = d.client().await;
+    let on_a = |kind: Kind| proto::StartOperationRequest {
+        cluster: "a".into(),
+        plan_fingerprint: String::new(),
+        kind: Some(kind),
+    };
+    let max = u32::MAX;
+    let node = sim.ip(3);
+    let durations = [
+        (
+            "silence_timeout",
+            Kind::Retire(proto::RetireParams {
+                node: node.clone(),
+                silence_timeout_s: max,
+                ..Default::default()
+            }),
+        ),
+        (
+            "timeout",
+            Kind::Join(proto::JoinParams {
+                node: node.clone(),
+                timeout_s: max,
+                ..Default::default()
+            }),
+        ),
+        (
+            "join_timeout",
+            Kind::Migrate(proto::MigrateParams {
+                from: sim.ip(2),
+                to: node.clone(),
+                join_timeout_s: max,
+                ..Default::default()
+            }),
+        ),
+        (
+            "silence_timeout",
+            Kind::Migrate(proto::MigrateParams {
+                from: sim.ip(2),
+                to: node.clone(),
+                silence_timeout_s: max,
+                ..Default::default()
+            }),
+        ),
+        (
+            "try_timeout",
+            Kind::Apply(proto::ApplyParams {
+                nodes: vec![node.clone()],
+                config_path: "/nonexistent.yaml".into(),
+                try_timeout_s: max,
+                ..Default::default()
+            }),
+        ),
+        (
+            "reboot_timeout",
+            Kind::Apply(proto::ApplyParams {
+                nodes: vec![node.clone()],
+                config_path: "/nonexistent.yaml".into(),
+                reboot_timeout_s: max,
+                ..Default::default()
+            }),
+        ),
+    ];
+    for (option, kind) in durations {
+        for start in [false, true] {
+            let request = on_a(kind.clone());
+            let status = if start {
+                c.start_operation(request).await.unwrap_err()
+            } else {
+                c.plan_operation(request).await.unwrap_err()
+            };
+            assert_eq!(status.code(), Code::InvalidArgument, "{option}: {status:?}");
+            assert!(status.message().contains(option), "{status:?}");
+            assert!(
+                matches!(
+                    talos_opsd_api::refusal_of(&status),
+                    Some(talos_client::ops::Refusal::OutOfBounds { .. })
+                ),
+                "{status:?}"
+            );
+        }
+    }
+    for threshold in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 0.0, 1e308] {
+        let status = c
+            .plan_operation(on_a(Kind::Defrag(proto::DefragParams {
+                threshold: Some(threshold),
+                ..Default::default()
+            })))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{threshold}: {status:?}"
+        );
+    }
+    let plan = c
+        .plan_operation(on_a(Kind::Snapshot(proto::SnapshotParams { keep: max })))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!plan.steps.is_empty(), "{plan:?}");
+    drop(plan);
+    c.list_operations(ListOperationsRequest::default())
+        .await
+        .expect("the daemon still serves");
+    let members = sim
+        .admin()
+        .node(sim.ip(1).as_str())
+        .etcd_member_list(false)
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 3);
+    assert!(!d.log_text().contains("panicked"), "{}", d.log_text());
+}

@@ -432,7 +432,7 @@ impl Cluster {
 /// Whether `target` (already parsed as `ip` when it is an address) is
 /// `node`'s hostname or address.
 fn named(node: &Node, target: &str, ip: Option<std::net::Ipv4Addr>) -> bool {
-    node.name == target || ip == Some(node.ip)
+    node.name == target || ip == Some(node.ip) || (ip.is_some() && ip == node.second_ip)
 }
 
 impl Shared {
@@ -549,6 +549,7 @@ impl Shared {
                 dir: cfg.dir.join("nodes").join(&name),
                 name,
                 ip,
+                second_ip: cfg.second_ip(index),
                 api_port: cfg.api_port,
                 etcd_client_port: cfg.etcd_client_port,
                 etcd_peer_port: cfg.etcd_peer_port,

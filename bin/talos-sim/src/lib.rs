@@ -172,6 +172,10 @@ pub struct SimConfig {
     pub timing: TalosTiming,
     /// The Talos release the nodes start on.
     pub talos_version: TalosVersion,
+    /// A second interface on every node, which etcd does not advertise
+    /// (a multi-homed machine): node `i` also answers, when a request names
+    /// it, to `second_base_ip + i`. None by default.
+    pub second_base_ip: Option<Ipv4Addr>,
 }
 
 /// The fixed waits and retry schedules of Talos that the simulator
@@ -343,6 +347,7 @@ impl SimConfig {
             workers: 0,
             timing: TalosTiming::UPSTREAM,
             talos_version: TalosVersion::default(),
+            second_base_ip: None,
         }
     }
 
@@ -404,6 +409,13 @@ impl SimConfig {
     /// The address of node `index` (from 1).
     pub fn node_ip(&self, index: usize) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.base_ip) + index as u32)
+    }
+
+    /// The second, unadvertised address of node `index`, when the nodes
+    /// have one ([`SimConfig::second_base_ip`]).
+    pub fn second_ip(&self, index: usize) -> Option<Ipv4Addr> {
+        self.second_base_ip
+            .map(|base| Ipv4Addr::from(u32::from(base) + index as u32))
     }
 }
 

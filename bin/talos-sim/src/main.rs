@@ -108,6 +108,10 @@ struct UpArgs {
     /// Node i listens on this address + i.
     #[arg(long, default_value_t = DEFAULT_BASE_IP)]
     base_ip: Ipv4Addr,
+    /// Give node i a second interface at this address + i, which etcd does
+    /// not advertise (a multi-homed machine); requests may name either.
+    #[arg(long)]
+    second_base_ip: Option<Ipv4Addr>,
     /// apid port shared by all nodes.
     #[arg(long, default_value_t = 50000)]
     api_port: u16,
@@ -240,6 +244,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         }
     };
     cfg.workers = args.workers;
+    cfg.second_base_ip = args.second_base_ip;
     if cfg.nodes == 0 {
         bail!("--nodes must be at least 1");
     }

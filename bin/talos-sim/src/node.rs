@@ -92,6 +92,9 @@ pub struct Node {
     pub name: String,
     /// Loopback address of all its listeners.
     pub ip: Ipv4Addr,
+    /// A second address it answers to when a request names it, which etcd
+    /// does not advertise.
+    pub second_ip: Option<Ipv4Addr>,
     pub(crate) api_port: u16,
     etcd_client_port: u16,
     etcd_peer_port: u16,
@@ -144,6 +147,7 @@ pub(crate) struct NodeLayout {
     pub index: usize,
     pub name: String,
     pub ip: Ipv4Addr,
+    pub second_ip: Option<Ipv4Addr>,
     pub api_port: u16,
     pub etcd_client_port: u16,
     pub etcd_peer_port: u16,
@@ -168,6 +172,7 @@ impl Node {
             index: layout.index,
             name: layout.name,
             ip: layout.ip,
+            second_ip: layout.second_ip,
             api_port: layout.api_port,
             etcd_client_port: layout.etcd_client_port,
             etcd_peer_port: layout.etcd_peer_port,

@@ -367,3 +367,33 @@ async fn a_failed_leave_that_took_effect_is_reconciled_on_resume() {
     assert_eq!(f.voters(1).await, ["cp-1", "cp-3"]);
     assert!(f.sim.admin().node(target.as_str()).version().await.is_err());
 }
+
+/// `--already-left` asks the node itself: a multi-homed voter named by its
+/// second address (which no member list shows) says it is a member, so the
+/// retire is refused before anything is sent, and it keeps voting.
+#[tokio::test]
+async fn already_left_asks_the_node_a_multi_homed_voter_is_not_reset() {
+    let f = Fixture {
+        sim: talos_test_support::sim::SimCluster::start_with(3, |cfg| {
+            cfg.timing = talos_sim::TalosTiming::scaled_down(10);
+            cfg.second_base_ip = Some(std::net::Ipv4Addr::from(u32::from(cfg.base_ip) + 100));
+        })
+        .await,
+        state: tempfile::tempdir().unwrap(),
+    };
+    let second = f.sim.cluster.config().second_ip(3).unwrap().to_string();
+    assert!(
+        f.sim.admin().node(second.as_str()).version().await.is_ok(),
+        "cp-3 answers at {second}"
+    );
+    let run = f.ops(&["--yes", "retire", &second, "--already-left"]).await;
+    assert_ne!(run.code, 0, "{}", run.stdout);
+    assert!(
+        run.stderr
+            .contains("is said to have left etcd, but it is still etcd member"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(f.voters(1).await, ["cp-1", "cp-2", "cp-3"]);
+    f.sim.admin().node(second.as_str()).version().await.unwrap();
+}

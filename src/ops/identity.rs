@@ -13,9 +13,10 @@
 //! at its address, name or id, and the survivors' discovery no longer lists
 //! its node id. A node that refuses our certificate, a silent node that
 //! discovery still lists (cut off, not reset), or another machine at the
-//! address, is no evidence: the operation stops as needs-attention.
+//! address, is no evidence: nothing is sent while it lasts, and when it
+//! outlasts the reset's deadline the operation stops as needs-attention.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -297,25 +298,45 @@ impl Ops {
                 facts.address
             ))),
             Answer::Silent(why) => match self.discovered(facts).await? {
-                Some(listed) => Err(OpsError::attention(
-                    step,
-                    format!(
-                        "{} does not answer ({why}), but the survivors' discovery still lists {listed}: a reset node leaves discovery, so it may be cut off or stopped rather than reset; reach it, then resume",
-                        facts.address
-                    ),
-                )),
+                Some(listed) => Ok(Checked::Unsure(format!(
+                    "{} does not answer ({why}), but the survivors' discovery still lists {listed}: a reset node leaves discovery, so it may be cut off or stopped rather than reset; reach it, then resume",
+                    facts.address
+                ))),
                 None => Ok(Checked::Evidence(format!(
                     "{} does not answer ({why}), no survivor lists a member at its address, name or id, and discovery no longer lists it: counted as reset; wipe the machine before it is used again if it was not",
                     facts.address
                 ))),
             },
-            Answer::RefusesUs(why) => Err(OpsError::attention(
-                step,
-                format!(
-                    "{} refuses this client ({why}): whether it was reset cannot be told",
-                    facts.address
-                ),
-            )),
+            Answer::RefusesUs(why) => Ok(Checked::Unsure(format!(
+                "{} refuses this client ({why}): whether it was reset cannot be told",
+                facts.address
+            ))),
+        }
+    }
+
+    /// [`Ops::reset_checked`] again every `pause` while it cannot tell (the
+    /// node silent but still discovered, or refusing this client: a network
+    /// blip, an API restarting) until it can or `deadline` passes; then the
+    /// operation needs attention with the last reason. Nothing is sent to
+    /// the node meanwhile.
+    pub(super) async fn reset_checked_until(
+        &self,
+        facts: &RetireFacts,
+        step: &str,
+        deadline: Instant,
+    ) -> Result<Checked, OpsError> {
+        let pause = Duration::from_millis(500);
+        loop {
+            match self.reset_checked(facts, step).await? {
+                Checked::Unsure(why) if Instant::now() + pause > deadline => {
+                    return Err(OpsError::attention(step, why));
+                }
+                Checked::Unsure(_) => {
+                    OpsError::poll_stop(&self.stop)?;
+                    tokio::time::sleep(pause).await;
+                }
+                decided => return Ok(decided),
+            }
         }
     }
 }
@@ -326,6 +347,8 @@ pub(crate) enum Checked {
     Send,
     /// The node shows it was reset.
     Evidence(String),
+    /// Whether it was reset cannot be told now (why): nothing may be sent.
+    Unsure(String),
 }
 
 /// The survivor asked first: the snapshot's source, unless it is the

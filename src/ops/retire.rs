@@ -444,10 +444,13 @@ impl Ops {
             }
             RetireStep::Reset => {
                 let answered = self.leave_answered.take();
-                if answered.is_none()
-                    && let Checked::Evidence(detail) = self.reset_checked(facts, "reset").await?
-                {
-                    return Ok(Outcome::done(detail));
+                if answered.is_none() {
+                    let deadline = Instant::now() + RESET_TIMEOUT;
+                    if let Checked::Evidence(detail) =
+                        self.reset_checked_until(facts, "reset", deadline).await?
+                    {
+                        return Ok(Outcome::done(detail));
+                    }
                 }
                 self.send_reset(facts, answered).await
             }
@@ -625,7 +628,10 @@ impl Ops {
     }
 
     /// Sends the reset, again with backoff while it is refused, until it is
-    /// accepted or the node shows it was reset.
+    /// accepted or the node shows it was reset. Before each resend the node
+    /// is checked again ([`Ops::reset_checked`]); while that cannot tell
+    /// (the node silent but still discovered, or refusing this client),
+    /// nothing is sent and the check repeats until the deadline.
     async fn send_reset(
         &self,
         facts: &mut RetireFacts,
@@ -641,11 +647,6 @@ impl Ops {
                 Ok(_) => break,
                 Err(e) => e,
             };
-            if let Checked::Evidence(detail) = self.reset_checked(facts, "reset").await? {
-                return Ok(Outcome::done(format!(
-                    "{detail} (the reset answered {error})"
-                )));
-            }
             if Instant::now() + pause > deadline {
                 return Err(OpsError::attention(
                     "reset",
@@ -658,6 +659,21 @@ impl Ops {
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
+            match self.reset_checked_until(facts, "reset", deadline).await {
+                Ok(Checked::Evidence(detail)) => {
+                    return Ok(Outcome::done(format!(
+                        "{detail} (the reset answered {error})"
+                    )));
+                }
+                Ok(_) => {}
+                Err(OpsError::NeedsAttention { step, reason }) => {
+                    return Err(OpsError::attention(
+                        &step,
+                        format!("{reason}; the reset was refused {attempts} times: {error}"),
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
         }
         let retried = if attempts > 1 {
             format!(" (attempt {attempts})")

@@ -239,6 +239,11 @@ fn forward_unary<'a>(
             .find(target)
             .and_then(|peer| peer.cluster_front().map(|up| (peer, up)))
         else {
+            if let Some(node) = machined.shared.find(target)
+                && node.is_partitioned()
+            {
+                node.note_unanswered();
+            }
             return forward(machined, target, request).await;
         };
         request

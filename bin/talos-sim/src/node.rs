@@ -138,6 +138,8 @@ pub struct Node {
     /// While the node is partitioned: the listener that holds its API
     /// address and never accepts, so callers connect and hear nothing.
     blackhole: Mutex<Option<tokio::net::TcpListener>>,
+    /// Calls other nodes tried to forward to it while it was partitioned.
+    unanswered: std::sync::atomic::AtomicU64,
     /// A delay armed for the next EtcdLeaveCluster.
     leave_delay: Mutex<Option<std::time::Duration>>,
 }
@@ -201,6 +203,7 @@ impl Node {
             boot_id: Mutex::new(new_boot_id()),
             snapshot_fault: Mutex::new(None),
             blackhole: Mutex::new(None),
+            unanswered: std::sync::atomic::AtomicU64::new(0),
             leave_delay: Mutex::new(None),
         };
         for label in system_volumes(layout.version) {
@@ -495,6 +498,18 @@ impl Node {
     /// Whether the node's API is cut off by [`crate::lifecycle::partition`].
     pub fn is_partitioned(&self) -> bool {
         self.blackhole.lock().expect("blackhole lock").is_some()
+    }
+
+    /// How many calls other nodes tried to forward to this one while it was
+    /// partitioned (each went unanswered): what a test watches to know a
+    /// caller has met the partition.
+    pub fn unanswered_calls(&self) -> u64 {
+        self.unanswered.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) fn note_unanswered(&self) {
+        self.unanswered
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub(crate) fn set_blackhole(&self, listener: Option<tokio::net::TcpListener>) {

@@ -397,3 +397,146 @@ async fn already_left_asks_the_node_a_multi_homed_voter_is_not_reset() {
     assert_eq!(f.voters(1).await, ["cp-1", "cp-2", "cp-3"]);
     f.sim.admin().node(second.as_str()).version().await.unwrap();
 }
+
+/// A resumed reset that finds the node cut off (silent, still discovered)
+/// sends nothing and checks again until it can tell: once the network is
+/// back the node is the planned machine, out of etcd, and the reset goes
+/// out. A blip is not a reason to wake a person, nor evidence of a reset.
+#[tokio::test]
+async fn a_resumed_reset_waits_out_a_partition_then_resets() {
+    let f = Fixture::start(3).await;
+    let target = f.sim.ip(2);
+    let crashed = f
+        .ops_with(
+            &f.talosconfig(),
+            &["--yes", "retire", &target],
+            Some("answered:leave"),
+        )
+        .await;
+    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
+    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    assert!(f.sim.cluster.partition(&target).await.unwrap());
+    // The resume runs with its progress read line by line as it comes.
+    let mut cmd = talos_test_support::cli::command(&f.talosconfig());
+    cmd.args(["-o", "json", "ops", "--state-dir"])
+        .arg(f.state.path())
+        .args(["resume", &id])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let progress = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let progress = progress.clone();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stderr).lines() {
+                let line = line.unwrap();
+                progress.lock().unwrap().push_str(&(line + "\n"));
+            }
+        })
+    };
+    wait_for(
+        "the resume to reach the reset",
+        Duration::from_secs(60),
+        || {
+            let text = progress.lock().unwrap().clone();
+            async move { text.contains("reset ...").then_some(()) }
+        },
+    )
+    .await;
+    let node = f.sim.cluster.node(&target).unwrap();
+    let before = node.unanswered_calls();
+    wait_for(
+        "the reset's check to meet the partition",
+        Duration::from_secs(30),
+        || {
+            let met = node.unanswered_calls() > before;
+            async move { met.then_some(()) }
+        },
+    )
+    .await;
+    // The reset check finds the node silent and still discovered: it waits
+    // (nothing is counted, nothing sent), and the cluster still lists no
+    // member there.
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "{}",
+        progress.lock().unwrap()
+    );
+    assert!(f.sim.cluster.node(&target).unwrap().is_configured());
+    assert!(f.sim.cluster.heal(&target).await.unwrap());
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    reader.join().unwrap();
+    let resumed = talos_test_support::cli::Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: progress.lock().unwrap().clone(),
+    };
+    let record = resumed.ok().json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    let reset = record["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "reset")
+        .unwrap();
+    assert!(
+        reset["detail"].as_str().unwrap().contains("reset accepted"),
+        "{reset}"
+    );
+    assert_eq!(f.voters(1).await, ["cp-1", "cp-3"]);
+}
+
+/// A node found in maintenance mode on resume (reset by hand after the
+/// crash, STATE wiped) is evidence: the reset is done without sending.
+#[tokio::test]
+async fn a_node_in_maintenance_mode_is_evidence_of_the_reset_on_resume() {
+    let f = Fixture::start(3).await;
+    let target = f.sim.ip(2);
+    let crashed = f
+        .ops_with(
+            &f.talosconfig(),
+            &["--yes", "retire", &target],
+            Some("answered:leave"),
+        )
+        .await;
+    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
+    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    f.sim
+        .admin()
+        .node(target.as_str())
+        .reset(
+            ResetRequest::default()
+                .with_graceful(false)
+                .with_reboot(true)
+                .with_system_labels_to_wipe(vec!["STATE".into(), "EPHEMERAL".into()]),
+        )
+        .await
+        .expect("reset accepted");
+    let node = f.sim.cluster.node(&target).unwrap();
+    wait_for("cp-2 in maintenance mode", Duration::from_secs(60), || {
+        let answers = !node.is_configured() && node.power() == talos_sim::node::Power::On;
+        async move { answers.then_some(()) }
+    })
+    .await;
+    let record = f.ops(&["resume", &id]).await.ok().json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    let reset = record["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "reset")
+        .unwrap();
+    assert!(
+        reset["detail"]
+            .as_str()
+            .unwrap()
+            .contains("answers in maintenance mode: it was reset"),
+        "{reset}"
+    );
+    assert_eq!(f.voters(1).await, ["cp-1", "cp-3"]);
+}

@@ -9,12 +9,36 @@ use super::Refusal;
 use super::cluster::{ClusterView, member_address, quorum};
 use crate::client::MemberId;
 
+/// Raft entries a voter may trail the most advanced one by and still count
+/// as healthy.
+pub(crate) const MAX_RAFT_LAG: u64 = 1000;
+
 /// The voters (other than `except`) whose status is missing or reports
-/// errors, each as `NAME (REASON)`.
+/// errors, or whose raft index trails the most advanced of them by more
+/// than [`MAX_RAFT_LAG`], each as `NAME (REASON)`.
 pub(crate) fn unhealthy_voters(view: &ClusterView, except: Option<MemberId>) -> Vec<String> {
-    view.voters()
-        .filter(|m| Some(m.id) != except && !view.healthy(m.id))
-        .map(|m| format!("{} ({})", m.hostname, view.unhealthy_reason(m.id)))
+    let index_of = |id: MemberId| {
+        view.statuses
+            .iter()
+            .find(|(m, _)| m.id == id)
+            .and_then(|(_, s)| s.as_ref().ok())
+            .map(|s| s.raft_index)
+    };
+    let counted = || view.voters().filter(|m| Some(m.id) != except);
+    let top = counted().filter_map(|m| index_of(m.id)).max().unwrap_or(0);
+    counted()
+        .filter_map(|m| {
+            if !view.healthy(m.id) {
+                return Some(format!("{} ({})", m.hostname, view.unhealthy_reason(m.id)));
+            }
+            let lag = top.saturating_sub(index_of(m.id)?);
+            (lag > MAX_RAFT_LAG).then(|| {
+                format!(
+                    "{} (trails the most advanced voter by {lag} raft entries, more than {MAX_RAFT_LAG})",
+                    m.hostname
+                )
+            })
+        })
         .collect()
 }
 
@@ -248,9 +272,27 @@ mod tests {
         }
     }
 
+    /// `view(3, ..)` whose voters are at the given raft indexes.
+    fn at_indexes(indexes: &[u64]) -> ClusterView {
+        let mut v = view(indexes.len() as u64, &[], &[], &[]);
+        for ((_, s), index) in v.statuses.iter_mut().zip(indexes) {
+            if let Ok(s) = s {
+                s.raft_index = *index;
+            }
+        }
+        v
+    }
+
     #[test]
     fn unhealthy_voter_rules() {
-        let cases: [(ClusterView, Option<u64>, &[&str]); 5] = [
+        let cases: [(ClusterView, Option<u64>, &[&str]); 9] = [
+            // A voter trailing by more than MAX_RAFT_LAG entries is not
+            // healthy; by exactly that many, it is.
+            (at_indexes(&[5000, 3999, 5000]), None, &["cp-2"]),
+            (at_indexes(&[5000, 4000, 5000]), None, &[]),
+            // The excepted member neither trails nor sets the top.
+            (at_indexes(&[5000, 3000, 9000]), Some(3), &["cp-2"]),
+            (at_indexes(&[3000, 3000, 9000]), Some(3), &[]),
             (view(3, &[], &[], &[]), None, &[]),
             (view(3, &[], &[2], &[]), None, &["cp-2"]),
             (view(3, &[], &[2], &[3]), None, &["cp-2", "cp-3"]),

@@ -775,8 +775,7 @@ const REMOVE_TRIES: u32 = 4;
 /// How long a refused reset is sent again.
 const RESET_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Raft entries a voter may trail the most advanced one by.
-const MAX_RAFT_LAG: u64 = 1000;
+use super::policy::MAX_RAFT_LAG;
 
 /// A voter other than `leaving` that trails the most advanced voter's raft
 /// index by more than [`MAX_RAFT_LAG`], in words.

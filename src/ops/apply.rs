@@ -345,6 +345,27 @@ impl Ops {
             file: format!("{node}'s running configuration"),
             error: e.to_string(),
         })?;
+        // The saved configuration must be the running one: otherwise a
+        // staged or tried change is pending, and this apply would replace
+        // it without anyone having seen it.
+        match read_config(&self.client, node, ConfigId::Persistent).await {
+            Ok(saved) => {
+                let saved = Documents::parse(&saved).map_err(|e| Refusal::BadConfig {
+                    file: format!("{node}'s saved configuration"),
+                    error: e.to_string(),
+                })?;
+                let paths = current.changed_paths(&saved);
+                if !paths.is_empty() {
+                    return Err(Refusal::PendingConfig {
+                        node: node.into(),
+                        paths,
+                    }
+                    .into());
+                }
+            }
+            Err(Error::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
         let version = self.client.node(node).version().await?.tag;
         let sa = super::sa_validation::IssuerCheck {
             node,

@@ -217,6 +217,18 @@ pub enum Refusal {
         /// The node's words.
         reason: String,
     },
+    /// The node's saved configuration is not the one it runs: a STAGED
+    /// apply waits for a reboot, or a TRY awaits confirmation or rollback.
+    #[error(
+        "{node} saved a configuration that differs from the one it runs ({}): a staged apply waits for a reboot, or a try-mode apply for its confirmation or rollback; applying now would replace one of them unseen",
+        paths.join(", ")
+    )]
+    PendingConfig {
+        /// The node.
+        node: String,
+        /// Paths that differ between the running and the saved configuration.
+        paths: Vec<String>,
+    },
     /// The node rejects the file.
     #[error("{node} rejects {file}: {message}")]
     NodeRejects {

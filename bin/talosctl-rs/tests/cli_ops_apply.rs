@@ -595,3 +595,53 @@ async fn a_crash_after_the_reboot_answered_resumes_to_the_node_back() {
             .contains("token: rotated")
     );
 }
+
+/// A node whose saved configuration is ahead of the one it runs (a STAGED
+/// apply waiting for a reboot) is refused at plan time, naming the paths
+/// that differ: applying now would replace the staged change unseen.
+#[tokio::test]
+async fn a_staged_change_waiting_for_a_reboot_is_refused() {
+    use talos_client::client::{ApplyMode, ApplyRequest};
+    let f = Fixture::start(1).await;
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    let staged = f.config_with(
+        "staged.yaml",
+        &[("clusterName: talos-sim", "clusterName: staged")],
+    );
+    f.sim
+        .admin()
+        .node(f.sim.ip(1).as_str())
+        .apply_configuration(ApplyRequest::new(
+            std::fs::read(&staged).unwrap(),
+            ApplyMode::Staged,
+        ))
+        .await
+        .expect("staged");
+    let running = node.active_config();
+    let file = f.config_with("sans.yaml", &[SANS]);
+    let run = f
+        .apply(&file, &["--expect-change", "machine.certSANs"])
+        .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("saved a configuration that differs from the one it runs")
+            && run.stderr.contains("cluster.clusterName")
+            && run
+                .stderr
+                .contains("hint: let the pending change finish first"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(f.ops(&["list"]).await.ok().json(), serde_json::json!([]));
+    assert_eq!(node.active_config(), running);
+    let saved = f
+        .sim
+        .admin()
+        .node(f.sim.ip(1).as_str())
+        .resources()
+        .machine_config(talos_client::client::resources::ConfigId::Persistent)
+        .await
+        .unwrap();
+    assert!(saved.yaml.contains("clusterName: staged"), "{}", saved.yaml);
+}

@@ -63,6 +63,9 @@ fn refusal_hint(refusal: &Refusal) -> Option<&'static str> {
         Refusal::SecretChange { .. } => {
             "name each secret path itself with --expect-change PATH (a document or section does not cover its secrets)"
         }
+        Refusal::PendingConfig { .. } => {
+            "let the pending change finish first: reboot the node for a staged apply, or wait for a try-mode apply's confirmation or rollback (`talosctl-rs -n NODE get mc persistent -o yaml` shows the saved one)"
+        }
         Refusal::NeedsReboot { .. } => {
             "pass --allow-reboot to apply it with a reboot and no automatic rollback"
         }

@@ -62,6 +62,12 @@ pub enum Request {
         /// The node's name or address.
         node: String,
     },
+    /// Power the node off as a pulled plug would: its API and its etcd stop
+    /// at once, and nothing answers until the simulator restarts.
+    PowerOff {
+        /// The node's name or address.
+        node: String,
+    },
     /// Make the node's next EtcdLeaveCluster remove its member only after
     /// `millis`, even when the caller has given up by then.
     DelayLeave {
@@ -161,6 +167,15 @@ async fn carry_out(shared: &std::sync::Arc<Shared>, request: Request) -> Reply {
         Request::ThawEtcd { node } => freeze(shared, &node, false).await,
         Request::Partition { node } => partition(shared, &node, true).await,
         Request::Heal { node } => partition(shared, &node, false).await,
+        Request::PowerOff { node } => match shared.find(&node) {
+            Some(n) => {
+                crate::lifecycle::power_off(&n).await;
+                Reply::Armed
+            }
+            None => Reply::Error {
+                message: format!("no node {node:?}"),
+            },
+        },
         Request::DelayLeave { node, millis } => match shared.find(&node) {
             Some(n) => {
                 n.delay_next_leave(Duration::from_millis(millis));

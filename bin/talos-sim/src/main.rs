@@ -37,6 +37,9 @@ enum Fault {
     Partition,
     /// End a partition.
     Heal,
+    /// Power the node off (its API and etcd stop at once, as a pulled plug;
+    /// it stays off until the simulator restarts): a dead node.
+    PowerOff,
     /// Make the node's next EtcdLeaveCluster land only after `--delay-secs`,
     /// even when the caller gave up by then.
     DelayLeave,
@@ -182,6 +185,7 @@ async fn main() -> std::process::ExitCode {
                 Fault::ThawEtcd => Request::ThawEtcd { node },
                 Fault::Partition => Request::Partition { node },
                 Fault::Heal => Request::Heal { node },
+                Fault::PowerOff => Request::PowerOff { node },
                 Fault::DelayLeave => Request::DelayLeave {
                     node,
                     millis: delay_secs.saturating_mul(1000),

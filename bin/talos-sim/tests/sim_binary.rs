@@ -166,6 +166,21 @@ async fn up_stops_cleanly_restarts_and_adds_nodes() {
         "{garbage}"
     );
 
+    // A dead node by hand: cp-4 powered off, its etcd gone, the others up.
+    let off = Command::new(env!("CARGO_BIN_EXE_talos-sim"))
+        .arg("fault")
+        .arg(dir.path())
+        .args(["power-off", "cp-4"])
+        .output()
+        .unwrap();
+    assert!(
+        off.status.success(),
+        "{}",
+        String::from_utf8_lossy(&off.stderr)
+    );
+    assert_eq!(processes_using(dir.path()).len(), 3);
+    assert_eq!(hostnames(&up).await.len(), 3);
+
     up.stop();
     assert_eq!(
         processes_using(dir.path()),

@@ -306,7 +306,7 @@ impl Ops {
             };
             if !vips.is_empty() {
                 notes.push(format!(
-                    "{node}: the gate waits until {} held by exactly one control-plane node, which answers the Talos API (--vip-check)",
+                    "{node}: the gate waits until {} held by exactly one control-plane node, which answers the Talos API (the VIP check: option vip_check)",
                     vip_list(&vips)
                 ));
                 facts.vips.insert(node.clone(), vips.clone());

@@ -338,7 +338,7 @@ impl Ops {
         let remaining = view.voters().count().saturating_sub(1);
         if facts.dead {
             notes.push(format!(
-                "{} does not answer: its member is removed through a survivor and nothing is sent to it; wipe the machine before it is used again (if it answers again, `retire {} --already-left` resets it once its identity is checked)",
+                "{} does not answer: its member is removed through a survivor and nothing is sent to it; wipe the machine before it is used again (if it answers again, a retire of {} with already_left resets it once its identity is checked)",
                 facts.address, options.node
             ));
         }

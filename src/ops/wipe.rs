@@ -50,7 +50,7 @@ impl Ops {
             Err(e) => (
                 wipe,
                 Some(format!(
-                    "{address}'s volumes could not be read ({e}): the reset wipes {} only; if the node keeps etcd's data on a volume {ETCD_VOLUME}, add --wipe {ETCD_VOLUME}",
+                    "{address}'s volumes could not be read ({e}): the reset wipes {} only; if the node keeps etcd's data on a volume {ETCD_VOLUME}, add {ETCD_VOLUME} to the labels to wipe",
                     requested_list(requested)
                 )),
             ),

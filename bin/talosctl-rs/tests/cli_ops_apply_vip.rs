@@ -72,7 +72,11 @@ async fn the_gate_passes_once_the_vip_is_held_by_one_control_plane_node() {
     .ok();
     let record = run.json();
     assert_eq!(record["state"], "succeeded", "{record}");
-    assert!(run.stderr.contains("--vip-check"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("the VIP check: option vip_check"),
+        "{}",
+        run.stderr
+    );
     let gate = record["steps"]
         .as_array()
         .unwrap()

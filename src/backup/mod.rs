@@ -68,9 +68,22 @@ use crate::snapshot::CheckFailure;
 /// Opens the store a user names: `s3://BUCKET/PREFIX` (with `addressing`,
 /// settings from the AWS environment variables) or a directory.
 pub fn open_store(name: &str, addressing: Addressing) -> Result<Box<dyn Store>, StoreError> {
+    open_store_with(name, addressing, None, None)
+}
+
+/// [`open_store`] with an S3 store's region and endpoint given; those left
+/// `None` come from the AWS environment variables as there.
+pub fn open_store_with(
+    name: &str,
+    addressing: Addressing,
+    region: Option<&str>,
+    endpoint: Option<&str>,
+) -> Result<Box<dyn Store>, StoreError> {
     if name.starts_with("s3://") {
-        let settings = S3Settings::parse(name, addressing)?.from_env();
-        Ok(Box::new(S3Store::new(settings)?))
+        let mut settings = S3Settings::parse(name, addressing)?;
+        settings.region = region.map(str::to_owned);
+        settings.endpoint = endpoint.map(str::to_owned);
+        Ok(Box::new(S3Store::new(settings.from_env())?))
     } else {
         Ok(Box::new(LocalStore::new(name)))
     }

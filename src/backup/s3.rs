@@ -165,6 +165,40 @@ impl S3Settings {
         self
     }
 
+    /// Refuses an endpoint that is not an `http://` or `https://` URL with
+    /// a host, and a region that is empty or not of letters, digits and
+    /// `-`, naming the value.
+    pub fn check(&self) -> Result<(), StoreError> {
+        let bad = |problem: String| StoreError::Settings {
+            store: self.url(),
+            problem,
+        };
+        if let Some(endpoint) = &self.endpoint {
+            let rest = endpoint
+                .strip_prefix("https://")
+                .or_else(|| endpoint.strip_prefix("http://"));
+            match rest {
+                Some(rest) if !rest.is_empty() && !rest.starts_with('/') => {}
+                _ => {
+                    return Err(bad(format!(
+                        "endpoint {endpoint:?} is not an http:// or https:// URL with a host"
+                    )));
+                }
+            }
+        }
+        if let Some(region) = &self.region
+            && (region.is_empty()
+                || !region
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-'))
+        {
+            return Err(bad(format!(
+                "region {region:?} is not a region name (letters, digits and -)"
+            )));
+        }
+        Ok(())
+    }
+
     /// `s3://BUCKET/PREFIX`.
     pub fn url(&self) -> String {
         if self.prefix.is_empty() {
@@ -235,6 +269,7 @@ impl S3Store {
             store: settings.url(),
             problem,
         };
+        settings.check()?;
         let (Some(key_id), Some(secret)) = (&settings.access_key_id, &settings.secret_access_key)
         else {
             return Err(bad(
@@ -442,6 +477,32 @@ impl Upload for S3Upload {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn endpoints_and_regions_are_checked() {
+        let mut s = S3Settings::parse("s3://bkt/p", Addressing::Path).unwrap();
+        for good in [
+            "http://127.0.0.1:9000",
+            "https://s3.example",
+            "https://s3.example:9000/",
+        ] {
+            s.endpoint = Some(good.into());
+            s.check().unwrap();
+        }
+        for bad in ["127.0.0.1:9000", "ftp://x", "http://", "https:///x", ""] {
+            s.endpoint = Some(bad.into());
+            let e = s.check().unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+        s.endpoint = None;
+        s.region = Some("eu-central-1".into());
+        s.check().unwrap();
+        for bad in ["", "eu central", "eu/1"] {
+            s.region = Some(bad.into());
+            assert!(s.check().is_err(), "{bad:?}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -25,9 +25,9 @@ pub struct DrillOptions {
     /// them; their contents are never journaled.
     #[serde(default)]
     pub identity_files: Vec<PathBuf>,
-    /// `path` (default) or `virtual` addressing of an S3 store.
-    #[serde(default)]
-    pub s3_addressing: Option<String>,
+    /// How the S3 store is reached (addressing, region, endpoint).
+    #[serde(flatten)]
+    pub s3: super::S3Access,
 }
 
 impl DrillOptions {
@@ -37,7 +37,7 @@ impl DrillOptions {
             from: from.into(),
             key: None,
             identity_files: Vec::new(),
-            s3_addressing: None,
+            s3: super::S3Access::default(),
         }
     }
 }
@@ -150,13 +150,7 @@ impl Ops {
         options: &DrillOptions,
     ) -> Result<(Box<dyn crate::backup::Store>, Vec<crate::backup::Identity>), String> {
         use crate::backup;
-        let addressing = options
-            .s3_addressing
-            .as_deref()
-            .unwrap_or("path")
-            .parse::<backup::Addressing>()
-            .map_err(|e| e.to_string())?;
-        let store = backup::open_store(&options.from, addressing).map_err(|e| e.to_string())?;
+        let store = options.s3.open(&options.from)?;
         let mut identities = Vec::new();
         for file in &options.identity_files {
             identities.extend(backup::read_identities(file).map_err(|e| e.to_string())?);

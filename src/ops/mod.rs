@@ -81,6 +81,7 @@ pub use join::{JoinFacts, JoinStep, PlannedMaintenance};
 pub use journal::{Journal, OpRecord, OpState, StepRecord, StepState, Unsaved};
 pub use lock::ClusterLock;
 pub use migrate::{MigrateFacts, MigrateStep};
+pub use offhost::S3Access;
 pub use plan::{Facts, Plan, PlannedStep, Step};
 pub use policy::Source;
 pub use refusal::Refusal;

@@ -5,8 +5,75 @@
 //! keeps the newest N of the cluster's backups in that store. Needs the
 //! `backup` feature; without it such a plan is refused.
 
+use serde::{Deserialize, Serialize};
+
 use super::snapshot::{OffHost, SnapshotFacts, SnapshotOptions};
 use super::{Ops, OpsError, Outcome, Refusal};
+
+/// How an S3 store is reached beyond its `s3://BUCKET/PREFIX`: what is left
+/// `None` comes from the AWS environment (`AWS_REGION`, `AWS_ENDPOINT_URL`),
+/// and addressing is `path` unless given. Flattened into the options that
+/// name a store, so the journal keeps `s3_addressing`, `s3_region` and
+/// `s3_endpoint` beside the store. Credentials are never here: they come
+/// from the environment only, so they are never journaled.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct S3Access {
+    /// `path` (self-hosted servers; the default) or `virtual` (AWS).
+    #[serde(
+        default,
+        rename = "s3_addressing",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub addressing: Option<String>,
+    /// The region, e.g. `eu-central-1` (default: `AWS_REGION`, else
+    /// `us-east-1`).
+    #[serde(default, rename = "s3_region", skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// The endpoint URL, e.g. `http://10.0.0.5:8333` (default:
+    /// `AWS_ENDPOINT_URL`, else AWS's for the region).
+    #[serde(
+        default,
+        rename = "s3_endpoint",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub endpoint: Option<String>,
+}
+
+impl S3Access {
+    /// The addressing, `path` when unset.
+    pub fn addressing(&self) -> &str {
+        self.addressing.as_deref().unwrap_or("path")
+    }
+
+    /// Opens the store `name` (a directory, or `s3://...` reached as this
+    /// says).
+    #[cfg(feature = "backup")]
+    pub(crate) fn open(&self, name: &str) -> Result<Box<dyn crate::backup::Store>, String> {
+        let addressing = self
+            .addressing()
+            .parse::<crate::backup::Addressing>()
+            .map_err(|e| e.to_string())?;
+        crate::backup::open_store_with(
+            name,
+            addressing,
+            self.region.as_deref(),
+            self.endpoint.as_deref(),
+        )
+        .map_err(|e| e.to_string())
+    }
+}
+
+impl OffHost {
+    /// How the planned store is reached.
+    pub fn access(&self) -> S3Access {
+        S3Access {
+            addressing: Some(self.addressing.clone()),
+            region: self.region.clone(),
+            endpoint: self.endpoint.clone(),
+        }
+    }
+}
 
 impl Ops {
     /// Checks an off-host store and its recipients at plan time.
@@ -22,13 +89,9 @@ impl Ops {
         if !store.starts_with("s3://") {
             return Err(bad("an off-host store is named s3://BUCKET/PREFIX".into()).into());
         }
-        let addressing = options.s3_addressing.as_deref().unwrap_or("path");
         #[cfg(feature = "backup")]
         {
-            let parsed = addressing
-                .parse::<crate::backup::Addressing>()
-                .map_err(|e| bad(e.to_string()))?;
-            crate::backup::open_store(store, parsed).map_err(|e| bad(e.to_string()))?;
+            options.s3.open(store).map_err(bad)?;
             for recipient in &options.encrypt {
                 recipient
                     .parse::<crate::backup::Recipient>()
@@ -42,7 +105,9 @@ impl Ops {
             }
             Ok(OffHost {
                 store: store.to_string(),
-                addressing: addressing.to_string(),
+                addressing: options.s3.addressing().to_string(),
+                region: options.s3.region.clone(),
+                endpoint: options.s3.endpoint.clone(),
                 recipients: options.encrypt.clone(),
                 key: None,
                 size: None,
@@ -52,7 +117,7 @@ impl Ops {
         }
         #[cfg(not(feature = "backup"))]
         {
-            let _ = addressing;
+            let _ = options;
             Err(
                 bad("this build has no off-host backups (talos-client feature `backup`)".into())
                     .into(),
@@ -76,8 +141,7 @@ impl Ops {
             .off_host
             .clone()
             .ok_or_else(|| OpsError::MissingFact("off_host".into()))?;
-        let store = backup::open_store(&off.store, off.addressing.parse().map_err(|e| fail(&e))?)
-            .map_err(|e| fail(&e))?;
+        let store = off.access().open(&off.store).map_err(|e| fail(&e))?;
         let mut request = BackupRequest::new(self.context.clone());
         for r in &off.recipients {
             request
@@ -160,8 +224,7 @@ impl Ops {
         if facts.keep == 0 && off.tiers.is_empty() {
             return Ok(Outcome::done("nothing to remove"));
         }
-        let store = backup::open_store(&off.store, off.addressing.parse().map_err(|e| fail(&e))?)
-            .map_err(|e| fail(&e))?;
+        let store = off.access().open(&off.store).map_err(|e| fail(&e))?;
         let entries = backup::catalogue(&[&*store]).await.map_err(|e| fail(&e))?;
         let ours: Vec<_> = entries
             .into_iter()
@@ -204,5 +267,43 @@ impl Ops {
             "retention",
             "this build has no off-host backups (talos-client feature `backup`)",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::S3Access;
+    use crate::ops::{DrillOptions, OpSpec, SnapshotOptions};
+
+    /// The access settings sit flat beside the store in the journal, so
+    /// records written before region and endpoint existed still read.
+    #[test]
+    fn access_is_journaled_flat_and_older_records_read() {
+        let old: SnapshotOptions = serde_json::from_value(serde_json::json!({
+            "store": "s3://b/p",
+            "s3_addressing": "virtual"
+        }))
+        .unwrap();
+        assert_eq!(old.s3.addressing.as_deref(), Some("virtual"));
+        assert_eq!(
+            (old.s3.region.as_ref(), old.s3.endpoint.as_ref()),
+            (None, None)
+        );
+
+        let mut drill = DrillOptions::new("s3://b/p");
+        drill.s3 = S3Access {
+            addressing: Some("path".into()),
+            region: Some("eu-central-1".into()),
+            endpoint: Some("http://10.0.0.5:8333".into()),
+        };
+        let spec = OpSpec::Drill(drill);
+        let json = serde_json::to_value(&spec).unwrap();
+        let text = json.to_string();
+        for key in ["\"s3_addressing\"", "\"s3_region\"", "\"s3_endpoint\""] {
+            assert!(text.contains(key), "{text}");
+        }
+        assert!(!text.contains("\"s3\""), "{text}");
+        let back: OpSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back, spec);
     }
 }

@@ -36,9 +36,9 @@ pub struct RestoreOptions {
     /// contents are never journaled.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub identity_files: Vec<PathBuf>,
-    /// `path` (default) or `virtual` addressing of an S3 store.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub s3_addressing: Option<String>,
+    /// How the S3 store is reached (addressing, region, endpoint).
+    #[serde(flatten)]
+    pub s3: super::S3Access,
     /// The control-plane node to restore onto (address or name).
     pub node: String,
     /// How long the other control-plane nodes may take to rejoin as voters.
@@ -57,7 +57,7 @@ impl RestoreOptions {
             from: from.into(),
             key: None,
             identity_files: Vec::new(),
-            s3_addressing: None,
+            s3: super::S3Access::default(),
             node: node.into(),
             rejoin_timeout: RestoreOptions::DEFAULT_REJOIN_TIMEOUT,
         }
@@ -269,7 +269,7 @@ impl Ops {
             use std::os::unix::fs::DirBuilderExt as _;
             let mut drill = super::DrillOptions::new(options.from.clone());
             drill.identity_files = options.identity_files.clone();
-            drill.s3_addressing = options.s3_addressing.clone();
+            drill.s3 = options.s3.clone();
             let (store, identities) = self.drill_inputs(&drill).map_err(bad)?;
             let entry = self
                 .choose_backup(&*store, options.key.as_deref())

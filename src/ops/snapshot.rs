@@ -37,10 +37,9 @@ pub struct SnapshotOptions {
     /// age recipients (`age1...`) of an off-host snapshot.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub encrypt: Vec<String>,
-    /// `path` (self-hosted servers; the default) or `virtual` addressing
-    /// of an S3 store.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub s3_addressing: Option<String>,
+    /// How the S3 store is reached (addressing, region, endpoint).
+    #[serde(flatten)]
+    pub s3: super::S3Access,
     /// Store a recovery kit beside an encrypted off-host snapshot: the
     /// cluster's secret-encryption keys, members, CA fingerprints and
     /// configuration digests, encrypted to the same recipients.
@@ -182,6 +181,12 @@ pub struct OffHost {
     pub store: String,
     /// `path` or `virtual`.
     pub addressing: String,
+    /// The region given (else the environment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// The endpoint given (else the environment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
     /// age recipients (public keys).
     pub recipients: Vec<String>,
     /// The stored object's key, once stored.

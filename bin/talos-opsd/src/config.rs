@@ -101,11 +101,15 @@ pub struct SnapshotSchedule {
     pub keep: usize,
     /// Remove catalogued snapshots older than this.
     pub max_age: Option<HumanDuration>,
-    /// Off-host instead of `dir`: `s3://BUCKET/PREFIX` (credentials,
-    /// region and endpoint from the daemon's AWS_* environment).
+    /// Off-host instead of `dir`: `s3://BUCKET/PREFIX` (credentials from
+    /// the daemon's AWS_* environment only).
     pub store: Option<String>,
     /// `path` (self-hosted servers; the default) or `virtual` addressing.
     pub s3_addressing: Option<String>,
+    /// The store's region (default: `AWS_REGION`, else `us-east-1`).
+    pub s3_region: Option<String>,
+    /// The store's endpoint URL (default: `AWS_ENDPOINT_URL`, else AWS).
+    pub s3_endpoint: Option<String>,
     /// age recipients (`age1...`) the off-host snapshots are encrypted to.
     #[serde(default)]
     pub encrypt: Vec<String>,
@@ -142,6 +146,23 @@ pub struct DrillSchedule {
     pub identity: Vec<PathBuf>,
     /// `path` or `virtual` addressing (default: the snapshots' setting).
     pub s3_addressing: Option<String>,
+    /// The store's region (default: the snapshots' setting).
+    pub s3_region: Option<String>,
+    /// The store's endpoint URL (default: the snapshots' setting).
+    pub s3_endpoint: Option<String>,
+}
+
+impl DrillSchedule {
+    /// How the drilled store is reached: this schedule's keys, else the
+    /// snapshots' ones.
+    pub fn access(&self, snapshots: Option<&SnapshotSchedule>) -> talos_client::ops::S3Access {
+        let from_snapshots = snapshots.map(SnapshotSchedule::access).unwrap_or_default();
+        let mut access = talos_client::ops::S3Access::default();
+        access.addressing = self.s3_addressing.clone().or(from_snapshots.addressing);
+        access.region = self.s3_region.clone().or(from_snapshots.region);
+        access.endpoint = self.s3_endpoint.clone().or(from_snapshots.endpoint);
+        access
+    }
 }
 
 /// A parsed cron expression.
@@ -190,6 +211,15 @@ impl Cadence for DrillSchedule {
 }
 
 impl SnapshotSchedule {
+    /// How the store is reached, as configured.
+    pub fn access(&self) -> talos_client::ops::S3Access {
+        let mut access = talos_client::ops::S3Access::default();
+        access.addressing = self.s3_addressing.clone();
+        access.region = self.s3_region.clone();
+        access.endpoint = self.s3_endpoint.clone();
+        access
+    }
+
     /// The snapshot the schedule (and a caller who names no place) takes:
     /// into the configured store with its encryption, kit and tiers, or
     /// into the snapshot directory.
@@ -197,7 +227,7 @@ impl SnapshotSchedule {
         let mut options = talos_client::ops::SnapshotOptions::default();
         if let Some(store) = &self.store {
             options.store = Some(store.clone());
-            options.s3_addressing = self.s3_addressing.clone();
+            options.s3 = self.access();
             options.encrypt = self.encrypt.clone();
             options.kit = self.kit;
             options.tiers = talos_client::ops::Tiers::new(self.hourly, self.daily, self.weekly);
@@ -423,12 +453,15 @@ impl Config {
 /// Checks the off-host settings of a snapshot schedule as the snapshot
 /// will use them; the error names the key at fault.
 fn check_snapshot_store(s: &SnapshotSchedule) -> Result<(), (&'static str, String)> {
-    let addressing = s.s3_addressing.as_deref().unwrap_or("path");
-    let addressing = addressing
+    let access = s.access();
+    let addressing = access
+        .addressing()
         .parse::<talos_client::backup::Addressing>()
         .map_err(|e| ("s3_addressing", e.to_string()))?;
     let Some(store) = &s.store else {
         for (k, set) in [
+            ("s3_region", s.s3_region.is_some()),
+            ("s3_endpoint", s.s3_endpoint.is_some()),
             ("encrypt", !s.encrypt.is_empty()),
             ("kit", s.kit),
             ("hourly", s.hourly > 0),
@@ -453,8 +486,7 @@ fn check_snapshot_store(s: &SnapshotSchedule) -> Result<(), (&'static str, Strin
             format!("{store:?}: an off-host store is s3://BUCKET/PREFIX (a directory is `dir`)"),
         ));
     }
-    talos_client::backup::S3Settings::parse(store, addressing)
-        .map_err(|e| ("store", e.to_string()))?;
+    check_access(store, addressing, &access)?;
     for r in &s.encrypt {
         r.parse::<talos_client::backup::Recipient>()
             .map_err(|e| ("encrypt", format!("{r:?}: {e}")))?;
@@ -465,6 +497,25 @@ fn check_snapshot_store(s: &SnapshotSchedule) -> Result<(), (&'static str, Strin
             "a recovery kit holds the cluster's secret-encryption keys and is only stored encrypted: set `encrypt`".into(),
         ));
     }
+    Ok(())
+}
+
+/// Checks a store's URL, region and endpoint as the store will take them;
+/// the error names the key at fault (`store`, `s3_region`, `s3_endpoint`).
+fn check_access(
+    store: &str,
+    addressing: talos_client::backup::Addressing,
+    access: &talos_client::ops::S3Access,
+) -> Result<(), (&'static str, String)> {
+    let mut settings = talos_client::backup::S3Settings::parse(store, addressing)
+        .map_err(|e| ("store", e.to_string()))?;
+    settings.region = access.region.clone();
+    settings.check().map_err(|e| ("s3_region", e.to_string()))?;
+    settings.region = None;
+    settings.endpoint = access.endpoint.clone();
+    settings
+        .check()
+        .map_err(|e| ("s3_endpoint", e.to_string()))?;
     Ok(())
 }
 
@@ -482,11 +533,9 @@ fn check_drills(
             "",
             "no store to drill: set `from`, or `store` under [cluster.snapshots]".to_string(),
         ))?;
-    let addressing = d
-        .s3_addressing
-        .as_deref()
-        .or_else(|| snapshots.and_then(|s| s.s3_addressing.as_deref()))
-        .unwrap_or("path")
+    let access = d.access(snapshots);
+    let addressing = access
+        .addressing()
         .parse::<talos_client::backup::Addressing>()
         .map_err(|e| ("s3_addressing", e.to_string()))?;
     if !from.starts_with("s3://") {
@@ -495,8 +544,8 @@ fn check_drills(
             format!("{from:?}: drills read an off-host store, s3://BUCKET/PREFIX"),
         ));
     }
-    talos_client::backup::S3Settings::parse(from, addressing)
-        .map_err(|e| ("from", e.to_string()))?;
+    check_access(from, addressing, &access)
+        .map_err(|(k, e)| (if k == "store" { "from" } else { k }, e))?;
     for file in &d.identity {
         talos_client::backup::read_identities(file).map_err(|e| ("identity", e.to_string()))?;
     }

@@ -37,10 +37,7 @@ pub fn start(manager: &Arc<Manager>, generation: &Arc<AtomicU64>) {
                 .unwrap_or_default();
             let mut options = DrillOptions::new(from);
             options.identity_files = drills.identity.clone();
-            options.s3_addressing = drills
-                .s3_addressing
-                .clone()
-                .or_else(|| snapshots.and_then(|s| s.s3_addressing.clone()));
+            options.s3 = drills.access(snapshots);
             let spec = OpSpec::Drill(options);
             let name = name.clone();
             every(manager, generation, drills, None, move |manager| {

@@ -53,15 +53,17 @@ async fn scheduled_backups_go_off_host_encrypted_with_a_kit_and_scheduled_drills
     let port = free_port();
     let extra = format!(
         "[cluster.snapshots]\ninterval = \"1s\"\nkeep = 2\nstore = \"s3://{BUCKET}/opsd\"\n\
+         s3_endpoint = {:?}\ns3_region = \"us-east-1\"\n\
          encrypt = [\"{}\"]\nkit = true\n\
          [cluster.drills]\ninterval = \"2s\"\nidentity = [{key_file:?}]\n",
+        server.endpoint,
         identity.recipient()
     );
+    // Only the credentials come from the environment: the endpoint and
+    // region are the configuration's, and the drills take the snapshots'.
     let env = [
         ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
         ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-        ("AWS_REGION", "us-east-1"),
-        ("AWS_ENDPOINT_URL", server.endpoint.as_str()),
     ];
     let d = Daemon::start_with(
         dir.path(),
@@ -156,6 +158,18 @@ async fn bad_store_settings_are_refused_naming_the_key() {
         (
             "[cluster.snapshots]\ninterval = \"1h\"\nweekly = 4\n",
             "cluster[0].snapshots.weekly",
+        ),
+        (
+            "[cluster.snapshots]\ninterval = \"1h\"\nstore = \"s3://backups/p\"\ns3_endpoint = \"10.0.0.5:8333\"\n",
+            "cluster[0].snapshots.s3_endpoint",
+        ),
+        (
+            "[cluster.snapshots]\ninterval = \"1h\"\ndir = \"/var/backups\"\ns3_region = \"eu-west-1\"\n",
+            "cluster[0].snapshots.s3_region",
+        ),
+        (
+            "[cluster.drills]\ninterval = \"1d\"\nfrom = \"s3://backups/p\"\ns3_region = \"eu west\"\n",
+            "cluster[0].drills.s3_region",
         ),
         ("[cluster.drills]\ninterval = \"1d\"\n", "cluster[0].drills"),
         (

@@ -429,3 +429,106 @@ async fn a_restore_from_the_store_brings_the_backup_back() {
     let mode = std::fs::metadata(fetched).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "{fetched}");
 }
+
+/// `ops ARGS` with only the credentials in the environment: the region and
+/// endpoint must come from flags.
+async fn ops_with_flags_only(f: &Fixture, args: &[&str]) -> Run {
+    let mut cmd = command(&f.talosconfig());
+    cmd.args(["-o", "json", "ops", "--state-dir"])
+        .arg(f.state.path())
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env_remove("AWS_REGION")
+        .env_remove("AWS_DEFAULT_REGION")
+        .env_remove("AWS_ENDPOINT_URL");
+    let output = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// `--s3-endpoint` and `--s3-region` reach a store the environment does
+/// not name, for the snapshot and the drill alike, and the journal keeps
+/// them with the operation; an endpoint that is not a URL is refused at
+/// plan time, naming it, with nothing stored.
+#[tokio::test]
+async fn the_endpoint_and_region_can_be_given_as_flags() {
+    let f = Fixture::start(1).await;
+    f.sim.cluster.fill("/registry/flags/", 5, 64).await.unwrap();
+    let server = S3Server::start(false).await;
+    let to = format!("s3://{BUCKET}/flags");
+    let bad = ops_with_flags_only(
+        &f,
+        &[
+            "--yes",
+            "snapshot",
+            "--to",
+            &to,
+            "--s3-endpoint",
+            "127.0.0.1:1",
+        ],
+    )
+    .await;
+    assert_eq!(bad.code, 1, "{}", bad.stderr);
+    assert!(
+        bad.stderr
+            .contains("\"127.0.0.1:1\" is not an http:// or https:// URL"),
+        "{}",
+        bad.stderr
+    );
+    assert!(server.files().is_empty(), "{:?}", server.files());
+
+    let flags = [
+        "--s3-endpoint",
+        server.endpoint.as_str(),
+        "--s3-region",
+        "us-east-1",
+    ];
+    let mut args = vec!["--yes", "snapshot", "--to", &to];
+    args.extend(flags);
+    let stored = ops_with_flags_only(&f, &args).await.ok().json();
+    assert_eq!(stored["state"], "succeeded", "{stored}");
+    assert_eq!(
+        stored["params"]["s3_endpoint"],
+        server.endpoint.as_str(),
+        "{stored}"
+    );
+    assert_eq!(stored["params"]["s3_region"], "us-east-1", "{stored}");
+    assert!(
+        server.files().iter().any(|p| p.contains("flags/")),
+        "{:?}",
+        server.files()
+    );
+
+    let mut args = vec!["drill", "--from", &to];
+    args.extend(flags);
+    let drilled = ops_with_flags_only(&f, &args).await.ok().json();
+    assert_eq!(drilled["state"], "succeeded", "{drilled}");
+
+    // Without the flags and without the environment, the store is not
+    // reached at all (AWS's endpoint is not tried from a test).
+    let mut cmd = command(&f.talosconfig());
+    cmd.args(["ops", "--state-dir"]).arg(f.state.path()).args([
+        "drill",
+        "--from",
+        &to,
+        "--s3-endpoint",
+        "ftp://x",
+    ]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ftp://x"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -68,6 +68,34 @@ impl MaintenanceArgs {
     }
 }
 
+/// How an S3 store is reached. Credentials come from the environment only
+/// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), never from
+/// flags, so they stay out of shell history and the journal.
+#[derive(clap::Args, Debug, Clone)]
+pub struct S3Flags {
+    /// How S3 requests address the bucket: `path` (self-hosted servers)
+    /// or `virtual` (AWS).
+    #[arg(long, value_name = "path|virtual", default_value = "path")]
+    s3_addressing: String,
+    /// The S3 region (default: AWS_REGION, else us-east-1).
+    #[arg(long, value_name = "REGION")]
+    s3_region: Option<String>,
+    /// The S3 endpoint URL, e.g. http://10.0.0.5:8333 (default:
+    /// AWS_ENDPOINT_URL, else AWS's for the region).
+    #[arg(long, value_name = "URL")]
+    s3_endpoint: Option<String>,
+}
+
+impl S3Flags {
+    fn access(&self) -> talos_client::ops::S3Access {
+        let mut access = talos_client::ops::S3Access::default();
+        access.addressing = Some(self.s3_addressing.clone());
+        access.region = self.s3_region.clone();
+        access.endpoint = self.s3_endpoint.clone();
+        access
+    }
+}
+
 #[derive(Subcommand)]
 pub enum OpsCommand {
     /// A verified snapshot from a healthy voting member, with retention.
@@ -89,10 +117,8 @@ pub enum OpsCommand {
         /// member's configuration digest (needs --encrypt).
         #[arg(long, requires = "encrypt")]
         kit: bool,
-        /// How S3 requests address the bucket: `path` (self-hosted servers)
-        /// or `virtual` (AWS).
-        #[arg(long, value_name = "path|virtual", default_value = "path")]
-        s3_addressing: String,
+        #[command(flatten)]
+        s3: S3Flags,
         /// Keep the newest N verified snapshots of this cluster (0: all;
         /// default: all, or the daemon's configured retention).
         #[arg(long)]
@@ -189,9 +215,8 @@ pub enum OpsCommand {
         /// A file of age identities that decrypt the backup (repeatable).
         #[arg(long = "identity", short = 'i', value_name = "FILE")]
         identity: Vec<PathBuf>,
-        /// How S3 requests address the bucket: `path` or `virtual`.
-        #[arg(long, value_name = "path|virtual", default_value = "path")]
-        s3_addressing: String,
+        #[command(flatten)]
+        s3: S3Flags,
         /// The control-plane node to restore onto (address or name).
         node: String,
         /// How long the other control-plane nodes may take to rejoin.
@@ -210,9 +235,8 @@ pub enum OpsCommand {
         /// A file of age identities to decrypt with (repeatable).
         #[arg(long = "identity", short = 'i', value_name = "FILE")]
         identity: Vec<PathBuf>,
-        /// How S3 requests address the bucket: `path` or `virtual`.
-        #[arg(long, value_name = "path|virtual", default_value = "path")]
-        s3_addressing: String,
+        #[command(flatten)]
+        s3: S3Flags,
     },
     /// Apply a configuration safely to the nodes given with -n, one at a
     /// time: dry run and guards, TRY, health gate, then confirm (or a
@@ -295,7 +319,7 @@ impl OpsCommand {
                 to,
                 encrypt,
                 kit,
-                s3_addressing,
+                s3,
                 keep,
                 keep_hourly,
                 keep_daily,
@@ -316,7 +340,7 @@ impl OpsCommand {
                 );
                 if store.is_some() {
                     o.store = store;
-                    o.s3_addressing = Some(s3_addressing.clone());
+                    o.s3 = s3.access();
                 }
                 OpSpec::Snapshot(o)
             }
@@ -392,7 +416,7 @@ impl OpsCommand {
                 from,
                 key,
                 identity,
-                s3_addressing,
+                s3,
                 node,
                 rejoin_timeout,
             } => {
@@ -400,7 +424,7 @@ impl OpsCommand {
                     let mut o = RestoreOptions::new(from.clone(), node);
                     o.key = key.clone();
                     o.identity_files = identity.iter().map(|f| absolute(f)).collect();
-                    o.s3_addressing = Some(s3_addressing.clone());
+                    o.s3 = s3.access();
                     o
                 } else {
                     let file = absolute(&PathBuf::from(from));
@@ -420,7 +444,7 @@ impl OpsCommand {
                 from,
                 key,
                 identity,
-                s3_addressing,
+                s3,
             } => {
                 let mut o = DrillOptions::new(from);
                 o.key = key.clone();
@@ -428,7 +452,7 @@ impl OpsCommand {
                     .iter()
                     .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone()))
                     .collect();
-                o.s3_addressing = Some(s3_addressing.clone());
+                o.s3 = s3.access();
                 OpSpec::Drill(o)
             }
             OpsCommand::List

@@ -16,7 +16,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
-use super::cluster::ClusterView;
 use super::config_diff::Documents;
 use super::join::read_file;
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo};
@@ -315,7 +314,8 @@ impl Ops {
             facts.reboot.insert(node.clone(), needs_reboot);
             steps.extend(node_steps(node, &file, needs_reboot, options, &vips));
         }
-        let basis = ClusterView::read(&self.client)
+        let basis = self
+            .read_view()
             .await
             .map(|v| v.basis())
             .unwrap_or_default();

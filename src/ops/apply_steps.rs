@@ -9,7 +9,6 @@ use super::apply::{
     try_dry_run,
 };
 use super::apply_vip::check_vips;
-use super::cluster::ClusterView;
 use super::config_diff::Documents;
 use super::plan::label;
 use super::{Ops, OpsError, Outcome};
@@ -306,7 +305,8 @@ impl Ops {
                 drift.join(", ")
             ));
         }
-        let view = ClusterView::read(&self.client)
+        let view = self
+            .read_view()
             .await
             .map_err(|e| format!("the etcd members cannot be read: {e}"))?;
         if !view.disagreements.is_empty() {

@@ -39,22 +39,14 @@ pub(crate) struct ClusterView {
 
 impl ClusterView {
     /// Reads the members through the endpoint, then every voter's status
-    /// and own member list. A voter's own etcd calls get
-    /// [`VOTER_CALL_TIMEOUT`]: on a node whose etcd service is down they do
-    /// not fail, they wait for etcd (upstream's local etcd client sends with
-    /// WaitForReady), and that voter is unhealthy for the preflight.
-    pub async fn read(client: &Client) -> Result<ClusterView, Error> {
-        Self::read_within(client, VOTER_CALL_TIMEOUT).await
-    }
-
-    /// As [`ClusterView::read`], each call bounded by `timeout`.
-    pub async fn read_within(client: &Client, timeout: Duration) -> Result<ClusterView, Error> {
-        Self::read_via(client, timeout, &[]).await
-    }
-
-    /// As [`ClusterView::read_within`]; when the endpoint's member list does
-    /// not answer (a cluster-wide list can wait on a member whose etcd
-    /// hangs), each node of `hosts` is asked for its own list in turn.
+    /// and own member list, each call bounded by `timeout`
+    /// ([`VOTER_CALL_TIMEOUT`] in the preflights): on a node whose etcd
+    /// service is down the calls do not fail, they wait for etcd
+    /// (upstream's local etcd client sends with WaitForReady), and that
+    /// voter is unhealthy for the preflight. When the endpoint's member
+    /// list does not answer (a linearizable list waits on a hung leader),
+    /// the endpoint's own list is used, else that of the first of `hosts`
+    /// to answer.
     pub async fn read_via(
         client: &Client,
         timeout: Duration,
@@ -166,8 +158,10 @@ impl ClusterView {
     }
 }
 
-/// The member list through the endpoint, else as the first of `hosts` to
-/// answer sees it (its own list); the endpoint's error when none answers.
+/// The member list through the endpoint (linearizable); else the
+/// endpoint's own list, or the first of `hosts` to answer with its own (a
+/// leader that hangs stalls only the linearizable one); the endpoint's
+/// error when none answers.
 pub(crate) async fn member_list_any(
     client: &Client,
     hosts: &[String],
@@ -176,6 +170,11 @@ pub(crate) async fn member_list_any(
         Ok(members) => return Ok(members),
         Err(e) => e,
     };
+    // A linearizable list needs a leader; the endpoint's own (serializable)
+    // list does not, and a hung leader is what the caller must then see.
+    if let Ok(members) = client.etcd_member_list(true).await {
+        return Ok(members);
+    }
     for host in hosts {
         if let Ok(members) = client.node(host.as_str()).etcd_member_list(true).await {
             return Ok(members);

@@ -200,7 +200,7 @@ impl Ops {
             }
             .into());
         }
-        let view = ClusterView::read(&self.client).await?;
+        let view = self.read_view().await?;
         if let Some(learner) = view.members.iter().find(|m| m.is_learner) {
             return Err(Refusal::LearnerCatchingUp {
                 learner: learner.hostname.clone(),
@@ -311,7 +311,7 @@ impl Ops {
         let name = step.name();
         match step.phase {
             DefragPhase::Check => {
-                let view = ClusterView::read(&self.client).await?;
+                let view = self.read_view().await?;
                 let unhealthy = unfit(&view, None);
                 if !unhealthy.is_empty() {
                     return Err(OpsError::step(
@@ -402,7 +402,7 @@ impl Ops {
     /// Every other voter healthy, then the member defragmented and awaited
     /// until it answers healthy and caught up. Returns its size after.
     async fn defragment(&self, member: &DefragMember, step: &str) -> Result<i64, OpsError> {
-        let view = ClusterView::read(&self.client).await?;
+        let view = self.read_view().await?;
         let unhealthy = unfit(&view, Some(member.member_id));
         if !unhealthy.is_empty() {
             return Err(OpsError::step(
@@ -426,7 +426,7 @@ impl Ops {
         let deadline = Instant::now() + RECOVER_TIMEOUT;
         let mut last;
         loop {
-            match ClusterView::read(&self.client).await {
+            match self.read_view().await {
                 Ok(view) => {
                     let top = view
                         .statuses

@@ -214,7 +214,7 @@ impl Ops {
     /// Plans the wait; notes when the join makes the member count even (an
     /// even count survives no more failures than one fewer).
     pub(super) async fn plan_join(&self, options: &JoinOptions) -> Result<Plan, OpsError> {
-        let view = ClusterView::read(&self.client).await?;
+        let view = self.read_view().await?;
         let after = view.members.len() + usize::from(view.find(&options.node).is_none());
         let notes = even_note(&options.node, after).into_iter().collect();
         let facts = self
@@ -323,9 +323,7 @@ impl Ops {
             return Ok(None);
         }
         let node = &facts.node;
-        let member = ClusterView::read(&self.client)
-            .await
-            .is_ok_and(|v| v.find(node).is_some());
+        let member = self.read_view().await.is_ok_and(|v| v.find(node).is_some());
         let configured = self.client.node(host_of(node)).version().await.is_ok();
         Ok((member || configured)
             .then(|| Outcome::done(format!("reconciled: {node} had taken the configuration"))))
@@ -347,7 +345,7 @@ impl Ops {
         let started = Instant::now();
         let mut last;
         loop {
-            last = match ClusterView::read(&self.client).await {
+            last = match self.read_view().await {
                 Ok(view) => match view.find(&node) {
                     None => format!(
                         "{node} is not a member yet ({})",

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::cluster::{ClusterView, member_address, names};
+use super::cluster::{member_address, names};
 use super::join::{JoinFacts, JoinOptions, JoinStep, MaintenanceApply};
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo};
 use super::policy::{check_removal, pick_source, unhealthy_voters};
@@ -151,7 +151,7 @@ impl Ops {
     /// OLD. The quorum checks of the retire run again once NEW is
     /// a voter, before anything touches OLD.
     pub(super) async fn plan_migrate(&self, options: &MigrateOptions) -> Result<Plan, OpsError> {
-        let view = ClusterView::read(&self.client).await?;
+        let view = self.read_view().await?;
         let (to, from) = (&options.to, &options.from);
         let Some(old) = view.find(from) else {
             return Err(Refusal::NotMember {
@@ -272,7 +272,7 @@ impl Ops {
     /// quorum rules; records the snapshot source for the steps that follow.
     async fn check_retire(&self, facts: &mut RetireFacts) -> Result<Outcome, OpsError> {
         let planned = super::plan::need(&facts.member, "member")?.clone();
-        let view = ClusterView::read(&self.client).await?;
+        let view = self.read_view().await?;
         let Some(old) = view.find_id_member(planned.member_id) else {
             return Err(OpsError::step(
                 "check-retire",

@@ -466,6 +466,19 @@ impl Ops {
         self.leave_timeouts = (deadline, settle);
     }
 
+    /// The cluster as read now. Should the endpoint's etcd hang (a frozen
+    /// leader stalls its member list), the members come from the other
+    /// endpoints' own lists, so that the hung member is named as
+    /// unhealthy instead of the whole read timing out.
+    async fn read_view(&self) -> Result<cluster::ClusterView, crate::Error> {
+        cluster::ClusterView::read_via(
+            &self.client,
+            cluster::VOTER_CALL_TIMEOUT,
+            &self.endpoint_hosts(),
+        )
+        .await
+    }
+
     /// The hosts of the talosconfig's endpoints.
     fn endpoint_hosts(&self) -> Vec<String> {
         self.endpoints

@@ -271,7 +271,7 @@ impl Ops {
     /// the talosconfig's only endpoint, or a label to wipe names no located
     /// volume of the node.
     pub(super) async fn plan_retire(&self, options: &RetireOptions) -> Result<Plan, OpsError> {
-        let view = ClusterView::read(&self.client).await?;
+        let view = self.read_view().await?;
         let member = view.find(&options.node);
         let address = match member {
             Some(m) => member_address(m).unwrap_or_else(|| options.node.clone()),
@@ -719,7 +719,7 @@ impl Ops {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut last;
         loop {
-            match ClusterView::read(&self.client).await {
+            match self.read_view().await {
                 Ok(view) if view.find_id(id) => last = "the member is still listed".into(),
                 Ok(view) => {
                     let unhealthy = unhealthy_voters(&view, None);

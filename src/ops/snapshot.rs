@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt as _};
 
 use serde::{Deserialize, Serialize};
 
-use super::cluster::{ClusterView, VOTER_CALL_TIMEOUT, member_address, member_list_any};
+use super::cluster::{VOTER_CALL_TIMEOUT, member_address, member_list_any};
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
 use super::policy::{Source, pick_source};
 use super::{Journal, OpSpec, OpState, Ops, OpsError, Outcome};
@@ -208,7 +208,7 @@ const EXT: &str = ".db";
 impl Ops {
     /// Preflight of a snapshot: picks the member to take it from.
     pub(super) async fn plan_snapshot(&self, options: &SnapshotOptions) -> Result<Plan, OpsError> {
-        let view = ClusterView::read(&self.client).await?;
+        let view = self.read_view().await?;
         let source = pick_source(&view, None)?;
         let off_host = match &options.store {
             Some(store) => Some(self.plan_off_host(store, options)?),

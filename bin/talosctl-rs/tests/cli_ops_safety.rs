@@ -12,7 +12,7 @@ use talos_test_support::sim::wait_for;
 
 mod ops_fixture;
 
-use ops_fixture::{Fixture, newest};
+use ops_fixture::{Fixture, newest, retire_killed_after_leave};
 
 /// A survivor whose etcd froze after the plan was made stops the retire at
 /// the fresh check before the forfeit and the leave: nothing is changed,
@@ -66,15 +66,7 @@ async fn a_survivor_frozen_after_the_plan_stops_the_retire_before_the_leave() {
 async fn resume_does_not_reset_a_live_member_back_at_the_address() {
     let f = Fixture::start(3).await;
     let target = f.sim.ip(2);
-    let crashed = f
-        .ops_with(
-            &f.talosconfig(),
-            &["--yes", "retire", &target],
-            Some("answered:leave"),
-        )
-        .await;
-    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
-    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let id = retire_killed_after_leave(&f, &target).await;
     let admin = f.sim.admin();
     let old = admin
         .node(f.sim.ip(1))
@@ -326,15 +318,7 @@ async fn a_dead_node_is_removed_through_a_survivor() {
 async fn a_failed_leave_that_took_effect_is_reconciled_on_resume() {
     let f = Fixture::start(3).await;
     let target = f.sim.ip(2);
-    let crashed = f
-        .ops_with(
-            &f.talosconfig(),
-            &["--yes", "retire", &target],
-            Some("answered:leave"),
-        )
-        .await;
-    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
-    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let id = retire_killed_after_leave(&f, &target).await;
     // What a failed leave leaves on record: the step failed, the operation
     // failed.
     {
@@ -406,15 +390,7 @@ async fn already_left_asks_the_node_a_multi_homed_voter_is_not_reset() {
 async fn a_resumed_reset_waits_out_a_partition_then_resets() {
     let f = Fixture::start(3).await;
     let target = f.sim.ip(2);
-    let crashed = f
-        .ops_with(
-            &f.talosconfig(),
-            &["--yes", "retire", &target],
-            Some("answered:leave"),
-        )
-        .await;
-    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
-    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let id = retire_killed_after_leave(&f, &target).await;
     assert!(f.sim.cluster.partition(&target).await.unwrap());
     // The resume runs with its progress read line by line as it comes.
     let mut cmd = talos_test_support::cli::command(&f.talosconfig());
@@ -497,15 +473,7 @@ async fn a_resumed_reset_waits_out_a_partition_then_resets() {
 async fn a_node_in_maintenance_mode_is_evidence_of_the_reset_on_resume() {
     let f = Fixture::start(3).await;
     let target = f.sim.ip(2);
-    let crashed = f
-        .ops_with(
-            &f.talosconfig(),
-            &["--yes", "retire", &target],
-            Some("answered:leave"),
-        )
-        .await;
-    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
-    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let id = retire_killed_after_leave(&f, &target).await;
     f.sim
         .admin()
         .node(target.as_str())

@@ -11,7 +11,7 @@ use talos_test_support::sim::wait_for;
 
 mod ops_fixture;
 
-use ops_fixture::{Fixture, newest};
+use ops_fixture::{Fixture, newest, retire_killed_after_leave};
 
 /// `(name, state)` of every step of a journal record.
 fn step_states(record: &serde_json::Value) -> Vec<(String, String)> {
@@ -84,15 +84,7 @@ async fn a_partitioned_survivor_stops_the_retire_at_the_check() {
 async fn a_silent_node_still_in_discovery_is_not_counted_as_reset() {
     let f = Fixture::start(3).await;
     let target = f.sim.ip(2);
-    let crashed = f
-        .ops_with(
-            &f.talosconfig(),
-            &["--yes", "retire", &target],
-            Some("answered:leave"),
-        )
-        .await;
-    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
-    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let id = retire_killed_after_leave(&f, &target).await;
     assert_eq!(
         f.voters(1).await,
         ["cp-1", "cp-3"],

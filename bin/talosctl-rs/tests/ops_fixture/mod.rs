@@ -119,6 +119,21 @@ impl Fixture {
 }
 
 /// The operation id of the newest operation in the journal.
+/// Starts `retire TARGET` and kills it right after the leave answered,
+/// before the reset: the state a SIGKILL there leaves. Returns the
+/// operation's id.
+pub async fn retire_killed_after_leave(f: &Fixture, target: &str) -> String {
+    let crashed = f
+        .ops_with(
+            &f.talosconfig(),
+            &["--yes", "retire", target],
+            Some("answered:leave"),
+        )
+        .await;
+    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
+    newest(f).await["id"].as_str().unwrap().to_string()
+}
+
 pub async fn newest(f: &Fixture) -> serde_json::Value {
     let list = f.ops(&["list"]).await.ok().json();
     list[0].clone()

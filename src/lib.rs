@@ -55,6 +55,8 @@ pub mod maintenance;
 #[cfg(feature = "ops")]
 pub mod ops;
 pub mod snapshot;
+#[cfg(any(feature = "ops", feature = "backup"))]
+mod tiers;
 pub mod tls;
 
 pub use client::{

@@ -34,12 +34,6 @@ pub struct RetentionPlan {
     pub delete: Vec<CatalogueEntry>,
 }
 
-type Bucket = (i32, u16, u8);
-
-/// A tier: its name, its count, and the bucket (hour, day, week) of an
-/// entry.
-type Tier = (&'static str, usize, fn(&CatalogueEntry) -> Bucket);
-
 impl Retention {
     /// Decides, for catalogue `entries` (any order), which to keep.
     pub fn plan(&self, entries: &[CatalogueEntry]) -> RetentionPlan {
@@ -59,39 +53,14 @@ impl Retention {
                 (b.metadata.time, &b.metadata.object.key)
                     .cmp(&(a.metadata.time, &a.metadata.object.key))
             });
-            let mut reasons: Vec<Vec<&'static str>> = vec![Vec::new(); group.len()];
-            for (i, r) in reasons.iter_mut().enumerate().take(self.keep_last.max(1)) {
-                r.push(if i < self.keep_last { "last" } else { "newest" });
-            }
-            let tiers: [Tier; 3] = [
-                ("hourly", self.hourly, |e| {
-                    let t = e.metadata.time;
-                    (t.year(), t.ordinal(), t.hour())
-                }),
-                ("daily", self.daily, |e| {
-                    let t = e.metadata.time;
-                    (t.year(), t.ordinal(), 0)
-                }),
-                ("weekly", self.weekly, |e| {
-                    let (year, week, _) = e.metadata.time.to_iso_week_date();
-                    (year, u16::from(week), 0)
-                }),
-            ];
-            for (name, count, bucket) in tiers {
-                let mut last = None;
-                let mut kept = 0;
-                for (i, entry) in group.iter().enumerate() {
-                    if kept == count {
-                        break;
-                    }
-                    let b = bucket(entry);
-                    if last != Some(b) {
-                        last = Some(b);
-                        kept += 1;
-                        reasons[i].push(name);
-                    }
-                }
-            }
+            let times: Vec<_> = group.iter().map(|e| e.metadata.time).collect();
+            let counts = crate::tiers::Counts {
+                keep_last: self.keep_last,
+                hourly: self.hourly,
+                daily: self.daily,
+                weekly: self.weekly,
+            };
+            let reasons = crate::tiers::reasons(counts, &times);
             for (entry, why) in group.into_iter().zip(reasons) {
                 if why.is_empty() {
                     plan.delete.push(entry.clone());

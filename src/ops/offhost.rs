@@ -1,9 +1,11 @@
-//! `snapshot --to s3://BUCKET/PREFIX`: the snapshot step streams the etcd
-//! snapshot through the backup pipeline (every check of a saved snapshot,
-//! zstd, age for the recipients, a multipart upload; no plaintext on disk
-//! when encrypted) instead of into a directory, and the retention step
-//! keeps the newest N of the cluster's backups in that store. Needs the
-//! `backup` feature; without it such a plan is refused.
+//! `snapshot --to s3://BUCKET/PREFIX` (or `--to DIR --encrypt ...`): the
+//! snapshot step streams the etcd snapshot through the backup pipeline
+//! (every check of a saved snapshot, zstd, age for the recipients, a
+//! multipart upload or a file renamed into place; no plaintext on disk when
+//! encrypted) into the store, and the retention step keeps the cluster's
+//! backups in that store by count and tiers. A directory store holds the
+//! same object set as a bucket. Needs the `backup` feature; without it
+//! such a plan is refused.
 
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +52,9 @@ impl S3Access {
     /// says).
     #[cfg(feature = "backup")]
     pub(crate) fn open(&self, name: &str) -> Result<Box<dyn crate::backup::Store>, String> {
+        if !name.starts_with("s3://") {
+            return Ok(Box::new(crate::backup::LocalStore::new(name)));
+        }
         let addressing = self
             .addressing()
             .parse::<crate::backup::Addressing>()
@@ -68,7 +73,7 @@ impl OffHost {
     /// How the planned store is reached.
     pub fn access(&self) -> S3Access {
         S3Access {
-            addressing: Some(self.addressing.clone()),
+            addressing: (!self.addressing.is_empty()).then(|| self.addressing.clone()),
             region: self.region.clone(),
             endpoint: self.endpoint.clone(),
         }
@@ -86,8 +91,17 @@ impl Ops {
             store: store.to_string(),
             error,
         };
-        if !store.starts_with("s3://") {
-            return Err(bad("an off-host store is named s3://BUCKET/PREFIX".into()).into());
+        let remote = store.starts_with("s3://");
+        if !remote && !std::path::Path::new(store).is_absolute() {
+            return Err(
+                bad("a store is s3://BUCKET/PREFIX or an absolute directory".into()).into(),
+            );
+        }
+        if !remote && options.s3 != S3Access::default() {
+            return Err(bad(
+                "S3 addressing, region and endpoint are for an s3://BUCKET/PREFIX store, not a directory".into(),
+            )
+            .into());
         }
         #[cfg(feature = "backup")]
         {
@@ -105,7 +119,11 @@ impl Ops {
             }
             Ok(OffHost {
                 store: store.to_string(),
-                addressing: options.s3.addressing().to_string(),
+                addressing: if remote {
+                    options.s3.addressing().to_string()
+                } else {
+                    String::new()
+                },
                 region: options.s3.region.clone(),
                 endpoint: options.s3.endpoint.clone(),
                 recipients: options.encrypt.clone(),

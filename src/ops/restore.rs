@@ -25,9 +25,10 @@ use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
 #[non_exhaustive]
 pub struct RestoreOptions {
     /// The snapshot file (as `ops snapshot` or `etcd snapshot` saved it),
-    /// or an off-host store `s3://BUCKET/PREFIX` (feature `backup`): its
-    /// newest complete backup of this cluster, or `key`, fetched,
-    /// decrypted and verified into the state directory first.
+    /// or a store (feature `backup`): `s3://BUCKET/PREFIX` or a directory
+    /// that `ops snapshot --encrypt` wrote to; its newest complete backup
+    /// of this cluster, or `key`, fetched, decrypted and verified into the
+    /// state directory first.
     pub from: String,
     /// The backup's object key in an off-host store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -61,6 +62,12 @@ impl RestoreOptions {
             node: node.into(),
             rejoin_timeout: RestoreOptions::DEFAULT_REJOIN_TIMEOUT,
         }
+    }
+
+    /// Whether `from` names a store (`s3://...` or a directory) rather
+    /// than a snapshot file.
+    pub fn from_store(&self) -> bool {
+        self.from.starts_with("s3://") || std::path::Path::new(&self.from).is_dir()
     }
 }
 
@@ -140,7 +147,7 @@ impl Ops {
     /// with a leader (nodes: the talosconfig's endpoints and the target);
     /// the target answering and running no etcd.
     pub(super) async fn plan_restore(&self, options: &RestoreOptions) -> Result<Plan, OpsError> {
-        let (snapshot, fetched_from, mut notes) = if options.from.starts_with("s3://") {
+        let (snapshot, fetched_from, mut notes) = if options.from_store() {
             self.fetch_for_restore(options).await?
         } else {
             let path = PathBuf::from(&options.from);

@@ -141,11 +141,24 @@ impl SnapshotStep {
                 ),
             },
             SnapshotStep::Retention => {
-                let keep = if facts.keep == 0 {
-                    "keep every snapshot".to_string()
-                } else {
-                    format!("keep the newest {} verified snapshots", facts.keep)
+                let tiers = facts.off_host.as_ref().map_or(facts.tiers, |o| o.tiers);
+                let mut keep = match (facts.keep, tiers.is_empty()) {
+                    (0, true) => "keep every snapshot".to_string(),
+                    (0, false) => "keep the newest".to_string(),
+                    (n, _) => format!("keep the newest {n} verified snapshots"),
                 };
+                if !tiers.is_empty() {
+                    let each: Vec<String> = [
+                        (tiers.hourly, "hours"),
+                        (tiers.daily, "days"),
+                        (tiers.weekly, "ISO weeks"),
+                    ]
+                    .into_iter()
+                    .filter(|(n, _)| *n > 0)
+                    .map(|(n, unit)| format!("{n} {unit}"))
+                    .collect();
+                    keep += &format!(", and the newest of each of the latest {}", each.join(", "));
+                }
                 let place = facts
                     .off_host
                     .as_ref()
@@ -166,6 +179,9 @@ pub struct SnapshotFacts {
     pub dir: PathBuf,
     /// The retention (resolved).
     pub keep: usize,
+    /// Retention tiers beside `keep` for the directory.
+    #[serde(default, skip_serializing_if = "Tiers::is_empty")]
+    pub tiers: Tiers,
     /// The verified snapshot, once taken.
     pub snapshot: Option<PathBuf>,
     /// Where an off-host snapshot goes, and how.
@@ -177,9 +193,10 @@ pub struct SnapshotFacts {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct OffHost {
-    /// `s3://BUCKET/PREFIX`.
+    /// `s3://BUCKET/PREFIX`, or a directory (absolute).
     pub store: String,
-    /// `path` or `virtual`.
+    /// `path` or `virtual`; empty for a directory.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub addressing: String,
     /// The region given (else the environment's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -210,21 +227,26 @@ impl Ops {
     pub(super) async fn plan_snapshot(&self, options: &SnapshotOptions) -> Result<Plan, OpsError> {
         let view = self.read_view().await?;
         let source = pick_source(&view, None)?;
+        let dir = self.snapshot_dir(options.dir.as_ref());
+        let dir = std::path::absolute(&dir).unwrap_or(dir);
         let off_host = match &options.store {
             Some(store) => Some(self.plan_off_host(store, options)?),
-            None if !options.encrypt.is_empty() || options.kit || !options.tiers.is_empty() => {
-                return Err(super::Refusal::BadStore {
-                    store: self.snapshot_dir(options.dir.as_ref()).display().to_string(),
-                    error: "age encryption, recovery kits and retention tiers are for an off-host store (s3://BUCKET/PREFIX); a local snapshot is kept plain, mode 0600".into(),
-                }
-                .into());
+            // Encrypted (or with a kit) in a directory: the same pipeline
+            // as off-host, into that directory.
+            None if !options.encrypt.is_empty() || options.kit => {
+                Some(self.plan_off_host(&dir.display().to_string(), options)?)
             }
             None => None,
         };
         let facts = SnapshotFacts {
             source,
-            dir: self.snapshot_dir(options.dir.as_ref()),
+            dir,
             keep: options.keep.unwrap_or(self.snapshot_keep),
+            tiers: if off_host.is_some() {
+                Tiers::default()
+            } else {
+                options.tiers
+            },
             snapshot: None,
             off_host,
         };
@@ -265,7 +287,14 @@ impl Ops {
             SnapshotStep::Retention => {
                 let newest = need(&facts.snapshot, "snapshot")?;
                 let held = held_snapshots(&self.journal, &self.fingerprint)?;
-                let removed = retain(&facts.dir, &self.context, facts.keep, newest, &held)?;
+                let removed = retain(
+                    &facts.dir,
+                    &self.context,
+                    facts.keep,
+                    facts.tiers,
+                    newest,
+                    &held,
+                )?;
                 Ok(Outcome::done(if removed.is_empty() {
                     "nothing to remove".to_string()
                 } else {
@@ -444,10 +473,12 @@ fn retain(
     dir: &Path,
     context: &str,
     keep: usize,
+    tiers: Tiers,
     newest: &Path,
     held: &[PathBuf],
 ) -> Result<Vec<String>, OpsError> {
-    if keep == 0 {
+    // keep 0 keeps everything, unless tiers say what to keep.
+    if keep == 0 && tiers.is_empty() {
         return Ok(Vec::new());
     }
     let prefix = format!("{}-", safe_name(context));
@@ -455,12 +486,16 @@ fn retain(
         path: dir.to_owned(),
         source,
     };
-    let mut ours: Vec<String> = std::fs::read_dir(dir)
+    let mut ours: Vec<(String, time::OffsetDateTime)> = std::fs::read_dir(dir)
         .map_err(io)?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|name| is_ours(name, &prefix) && dir.join(format!("{name}.json")).exists())
+        .filter(|name| dir.join(format!("{name}.json")).exists())
+        .filter_map(|name| {
+            let taken = taken_at(&name, &prefix)?;
+            Some((name, taken))
+        })
         .collect();
-    // The timestamp in the name sorts chronologically.
+    // The timestamp in the name sorts chronologically; newest first.
     ours.sort();
     ours.reverse();
     let newest = newest
@@ -471,19 +506,41 @@ fn retain(
         held.iter()
             .any(|h| h.file_name().and_then(|n| n.to_str()) == Some(name))
     };
+    let times: Vec<_> = ours.iter().map(|(_, t)| *t).collect();
+    let counts = crate::tiers::Counts {
+        keep_last: keep,
+        hourly: tiers.hourly,
+        daily: tiers.daily,
+        weekly: tiers.weekly,
+    };
     let mut removed = Vec::new();
-    // `skip(keep)` with `keep >= 1` always passes over the newest of all.
-    for name in ours
-        .iter()
-        .skip(keep)
-        .filter(|n| *n != newest && !is_held(n))
-    {
+    // The newest of all always has a reason to stay.
+    for ((name, _), why) in ours.iter().zip(crate::tiers::reasons(counts, &times)) {
+        if !why.is_empty() || name == newest || is_held(name) {
+            continue;
+        }
         for file in [name.clone(), format!("{name}.json")] {
             std::fs::remove_file(dir.join(&file)).map_err(io)?;
         }
         removed.push(name.clone());
     }
     Ok(removed)
+}
+
+/// When a snapshot of ours was taken, from its name: `PREFIX` +
+/// `YYYYMMDDTHHMMSS.mmmZ` + `-rev` + digits + `.db`; `None` for any other
+/// file.
+fn taken_at(name: &str, prefix: &str) -> Option<time::OffsetDateTime> {
+    if !is_ours(name, prefix) {
+        return None;
+    }
+    let stamp = &name[prefix.len()..prefix.len() + 20];
+    let format = time::macros::format_description!(
+        "[year][month][day]T[hour][minute][second].[subsecond digits:3]Z"
+    );
+    time::PrimitiveDateTime::parse(stamp, &format)
+        .ok()
+        .map(time::PrimitiveDateTime::assume_utc)
 }
 
 /// `PREFIX` + `YYYYMMDDTHHMMSS.mmmZ` + `-rev` + digits + `.db`.
@@ -529,7 +586,15 @@ mod tests {
             b"{}",
         )
         .unwrap();
-        let removed = retain(dir.path(), "c", 1, &dir.path().join(names[2]), &[]).unwrap();
+        let removed = retain(
+            dir.path(),
+            "c",
+            1,
+            Tiers::default(),
+            &dir.path().join(names[2]),
+            &[],
+        )
+        .unwrap();
         assert_eq!(removed, [names[1], names[0]]);
         let mut left: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
@@ -600,10 +665,56 @@ mod tests {
         }
         let held = held_snapshots(&journal, "fp").unwrap();
         assert_eq!(held, [snaps.join(names[0])]);
-        let removed = retain(&snaps, "c", 1, &snaps.join(names[3]), &held).unwrap();
+        let removed = retain(
+            &snaps,
+            "c",
+            1,
+            Tiers::default(),
+            &snaps.join(names[3]),
+            &held,
+        )
+        .unwrap();
         assert_eq!(removed, [names[2], names[1]]);
         assert!(snaps.join(names[0]).exists(), "the failed retire's copy");
         assert!(snaps.join(format!("{}.json", names[0])).exists());
         assert!(snaps.join(names[3]).exists(), "the newest");
+    }
+
+    /// A directory kept by tiers: keep 0 with daily 2 keeps the newest of
+    /// each of the two latest days; other clusters' files are not touched.
+    #[test]
+    fn directory_retention_by_tiers() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = [
+            "c-20260104T180000.000Z-rev6.db",
+            "c-20260104T090000.000Z-rev5.db",
+            "c-20260103T230000.000Z-rev4.db",
+            "c-20260103T010000.000Z-rev3.db",
+            "c-20260102T120000.000Z-rev2.db",
+        ];
+        for n in names
+            .iter()
+            .chain(["d-20250101T000000.000Z-rev1.db"].iter())
+        {
+            std::fs::write(dir.path().join(n), b"x").unwrap();
+            std::fs::write(dir.path().join(format!("{n}.json")), b"{}").unwrap();
+        }
+        let tiers = Tiers {
+            daily: 2,
+            ..Tiers::default()
+        };
+        let mut removed =
+            retain(dir.path(), "c", 0, tiers, &dir.path().join(names[0]), &[]).unwrap();
+        removed.sort();
+        assert_eq!(removed, [names[4], names[3], names[1]]);
+        for kept in [names[0], names[2], "d-20250101T000000.000Z-rev1.db"] {
+            assert!(dir.path().join(kept).exists(), "{kept}");
+        }
+        // A name that is ours in shape but not a date is never read as one.
+        assert!(taken_at("c-20261340T000000.000Z-rev1.db", "c-").is_none());
+        assert_eq!(
+            taken_at(names[0], "c-"),
+            Some(time::macros::datetime!(2026-01-04 18:00 UTC))
+        );
     }
 }

@@ -89,12 +89,14 @@ async fn bad_off_host_settings_are_refused_before_anything_is_sent() {
     assert_eq!(refused.code, 1, "{}", refused.stderr);
     assert!(refused.stderr.contains("sideways"), "{}", refused.stderr);
     assert!(server.files().is_empty(), "{:?}", server.files());
-    // Encryption is for off-host stores only.
+    // A directory is a store too: a bad recipient is refused there the
+    // same way, and nothing is written.
+    let local = f.state.path().join("local");
     let mut cmd = command(&f.talosconfig());
     cmd.args(["ops", "--state-dir"])
         .arg(f.state.path())
         .args(["snapshot", "--to"])
-        .arg(f.state.path().join("local"))
+        .arg(&local)
         .args(["--encrypt", "age1xyz"]);
     let out = tokio::task::spawn_blocking(move || cmd.output())
         .await
@@ -102,10 +104,133 @@ async fn bad_off_host_settings_are_refused_before_anything_is_sent() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("off-host"),
+        String::from_utf8_lossy(&out.stderr).contains("age1xyz"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let written: Vec<_> = std::fs::read_dir(&local)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(written.is_empty(), "{written:?}");
+}
+
+/// `ops snapshot --to DIR --encrypt R --kit`: the directory holds the same
+/// object set as a bucket (age over zstd, the sidecar, the kit), with no
+/// plaintext snapshot beside it; Debian's age and zstd and etcdctl read it,
+/// and `ops drill --from DIR` proves it. Tiers keep a plain directory too.
+#[tokio::test]
+async fn an_encrypted_snapshot_in_a_directory_is_the_same_object_set() {
+    let f = Fixture::start(3).await;
+    f.sim
+        .cluster
+        .fill("/registry/local/", 25, 256)
+        .await
+        .unwrap();
+    let identity = Identity::generate();
+    let key_file = f.state.path().join("key.txt");
+    std::fs::write(&key_file, identity.to_secret_text()).unwrap();
+    let recipient = identity.recipient().to_string();
+    let dir = f.state.path().join("backups");
+    let run = |args: Vec<String>| {
+        let mut cmd = command(&f.talosconfig());
+        cmd.args(["-o", "json", "ops", "--state-dir"])
+            .arg(f.state.path())
+            .args(args);
+        async move {
+            let output = tokio::task::spawn_blocking(move || cmd.output())
+                .await
+                .unwrap()
+                .unwrap();
+            Run {
+                code: output.status.code().unwrap_or(-1),
+                stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            }
+        }
+    };
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut a = vec!["snapshot".to_string(), "--to".into()];
+        a.push(dir.display().to_string());
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let stored = run(args(&["--encrypt", &recipient, "--kit"]))
+        .await
+        .ok()
+        .json();
+    assert_eq!(stored["state"], "succeeded", "{stored}");
+    let key = stored["facts"]["off_host"]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(key.ends_with(".db.zst.age"), "{key}");
+    // Keys are CLUSTER/STAMP-NODE.db.zst.age, as in a bucket.
+    let object = dir.join(&key);
+    let cluster_dir = object.parent().unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(cluster_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let base = object.file_name().unwrap().to_str().unwrap();
+    assert!(names.contains(&format!("{base}.kit.age")), "{names:?}");
+    assert!(names.contains(&format!("{base}.json")), "{names:?}");
+    assert!(
+        names.iter().all(|n| !n.ends_with(".db")),
+        "no plaintext snapshot: {names:?}"
+    );
+    let restored = f.state.path().join("restored.db");
+    let pipeline = format!(
+        "age -d -i {} {} | zstd -d -q -o {} && ETCDCTL_API=3 etcdctl snapshot status {} -w json",
+        key_file.display(),
+        object.display(),
+        restored.display(),
+        restored.display()
+    );
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&pipeline)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{pipeline}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(status["totalKey"].as_u64().unwrap() >= 25, "{status}");
+
+    let drilled = run(vec![
+        "drill".into(),
+        "--from".into(),
+        dir.display().to_string(),
+        "-i".into(),
+        key_file.display().to_string(),
+    ])
+    .await
+    .ok()
+    .json();
+    assert_eq!(drilled["state"], "succeeded", "{drilled}");
+    assert_eq!(drilled["facts"]["key"], key.as_str(), "{drilled}");
+    assert_eq!(drilled["facts"]["report"]["ok"], true, "{drilled}");
+
+    // Plain snapshots in another directory, kept by tiers alone: with
+    // --keep 0 --keep-daily 1 only the newest of today stays.
+    let plain = f.state.path().join("plain");
+    for _ in 0..2 {
+        let mut a = vec!["snapshot".to_string(), "--to".into()];
+        a.push(plain.display().to_string());
+        a.extend(["--keep", "0", "--keep-daily", "1"].map(String::from));
+        let done = run(a).await.ok().json();
+        assert_eq!(done["state"], "succeeded", "{done}");
+    }
+    let dbs: Vec<String> = std::fs::read_dir(&plain)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".db"))
+        .collect();
+    assert_eq!(dbs.len(), 1, "{dbs:?}");
 }
 
 async fn ops_in(f: &Fixture, server: &S3Server, args: &[&str]) -> Run {

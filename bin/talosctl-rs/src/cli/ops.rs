@@ -108,9 +108,10 @@ pub enum OpsCommand {
         /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL).
         #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
         to: Option<String>,
-        /// Encrypt an off-host snapshot for this age recipient (`age1...`;
-        /// repeatable): no plaintext anywhere, not even a temporary file.
-        #[arg(long = "encrypt", value_name = "RECIPIENT", requires = "to")]
+        /// Encrypt the snapshot for this age recipient (`age1...`;
+        /// repeatable): zstd then age, no plaintext anywhere, not even a
+        /// temporary file; in a directory as in s3://.
+        #[arg(long = "encrypt", value_name = "RECIPIENT")]
         encrypt: Vec<String>,
         /// Store a recovery kit beside the encrypted snapshot: Kubernetes'
         /// secret-encryption keys, the members, CA fingerprints and each
@@ -123,15 +124,16 @@ pub enum OpsCommand {
         /// default: all, or the daemon's configured retention).
         #[arg(long)]
         keep: Option<usize>,
-        /// Off-host retention tiers beside --keep: the newest backup of
-        /// each of the latest N hours, days and ISO weeks.
-        #[arg(long, value_name = "N", requires = "to")]
+        /// Retention tiers beside --keep: the newest snapshot of each of
+        /// the latest N hours, days and ISO weeks (in a directory or a
+        /// store alike).
+        #[arg(long, value_name = "N")]
         keep_hourly: Option<usize>,
         /// See --keep-hourly.
-        #[arg(long, value_name = "N", requires = "to")]
+        #[arg(long, value_name = "N")]
         keep_daily: Option<usize>,
         /// See --keep-hourly.
-        #[arg(long, value_name = "N", requires = "to")]
+        #[arg(long, value_name = "N")]
         keep_weekly: Option<usize>,
     },
     /// Retire a control-plane node: snapshot, forfeit, leave, reset at once.
@@ -327,8 +329,8 @@ impl OpsCommand {
             } => {
                 let (dir, store) = match to {
                     Some(to) if to.starts_with("s3://") => (dir.clone(), Some(to.clone())),
-                    Some(to) => (Some(PathBuf::from(to)), None),
-                    None => (dir.clone(), None),
+                    Some(to) => (Some(absolute(&PathBuf::from(to))), None),
+                    None => (dir.as_ref().map(|d| absolute(d)), None),
                 };
                 let mut o = SnapshotOptions::new(dir, *keep);
                 o.encrypt = encrypt.clone();
@@ -420,8 +422,13 @@ impl OpsCommand {
                 node,
                 rejoin_timeout,
             } => {
-                let mut o = if from.starts_with("s3://") {
-                    let mut o = RestoreOptions::new(from.clone(), node);
+                let mut o = if from.starts_with("s3://") || std::path::Path::new(from).is_dir() {
+                    let from = if from.starts_with("s3://") {
+                        from.clone()
+                    } else {
+                        absolute(std::path::Path::new(from)).display().to_string()
+                    };
+                    let mut o = RestoreOptions::new(from, node);
                     o.key = key.clone();
                     o.identity_files = identity.iter().map(|f| absolute(f)).collect();
                     o.s3 = s3.access();

@@ -101,8 +101,9 @@ pub struct SnapshotSchedule {
     pub keep: usize,
     /// Remove catalogued snapshots older than this.
     pub max_age: Option<HumanDuration>,
-    /// Off-host instead of `dir`: `s3://BUCKET/PREFIX` (credentials from
-    /// the daemon's AWS_* environment only).
+    /// A store instead of `dir`: `s3://BUCKET/PREFIX` (credentials from
+    /// the daemon's AWS_* environment only), or an absolute directory that
+    /// holds the same object set as a bucket would.
     pub store: Option<String>,
     /// `path` (self-hosted servers; the default) or `virtual` addressing.
     pub s3_addressing: Option<String>,
@@ -110,14 +111,15 @@ pub struct SnapshotSchedule {
     pub s3_region: Option<String>,
     /// The store's endpoint URL (default: `AWS_ENDPOINT_URL`, else AWS).
     pub s3_endpoint: Option<String>,
-    /// age recipients (`age1...`) the off-host snapshots are encrypted to.
+    /// age recipients (`age1...`) the snapshots are encrypted to (then
+    /// stored as `.db.zst.age`, never plaintext, also in a directory).
     #[serde(default)]
     pub encrypt: Vec<String>,
     /// Store a recovery kit beside each (needs `encrypt`).
     #[serde(default)]
     pub kit: bool,
-    /// Off-host retention tiers beside `keep`: the newest backup of each
-    /// of the latest N hours, days and ISO weeks.
+    /// Retention tiers beside `keep`, for a store or a directory: the
+    /// newest backup of each of the latest N hours, days and ISO weeks.
     #[serde(default)]
     pub hourly: usize,
     /// See `hourly`.
@@ -227,11 +229,13 @@ impl SnapshotSchedule {
         let mut options = talos_client::ops::SnapshotOptions::default();
         if let Some(store) = &self.store {
             options.store = Some(store.clone());
-            options.s3 = self.access();
-            options.encrypt = self.encrypt.clone();
-            options.kit = self.kit;
-            options.tiers = talos_client::ops::Tiers::new(self.hourly, self.daily, self.weekly);
+            if store.starts_with("s3://") {
+                options.s3 = self.access();
+            }
         }
+        options.encrypt = self.encrypt.clone();
+        options.kit = self.kit;
+        options.tiers = talos_client::ops::Tiers::new(self.hourly, self.daily, self.weekly);
         options
     }
 }
@@ -450,43 +454,46 @@ impl Config {
     }
 }
 
-/// Checks the off-host settings of a snapshot schedule as the snapshot
-/// will use them; the error names the key at fault.
+/// Checks the store settings of a snapshot schedule as the snapshot will
+/// use them; the error names the key at fault. `store` is `s3://...` or an
+/// absolute directory; encryption, kits and tiers go with either, and with
+/// a plain `dir`; the S3 keys only with an `s3://` store.
 fn check_snapshot_store(s: &SnapshotSchedule) -> Result<(), (&'static str, String)> {
     let access = s.access();
     let addressing = access
         .addressing()
         .parse::<talos_client::backup::Addressing>()
         .map_err(|e| ("s3_addressing", e.to_string()))?;
-    let Some(store) = &s.store else {
+    let remote = s.store.as_deref().filter(|st| st.starts_with("s3://"));
+    if remote.is_none() {
         for (k, set) in [
+            ("s3_addressing", s.s3_addressing.is_some()),
             ("s3_region", s.s3_region.is_some()),
             ("s3_endpoint", s.s3_endpoint.is_some()),
-            ("encrypt", !s.encrypt.is_empty()),
-            ("kit", s.kit),
-            ("hourly", s.hourly > 0),
-            ("daily", s.daily > 0),
-            ("weekly", s.weekly > 0),
         ] {
             if set {
                 return Err((
                     k,
-                    "is for an off-host store: set `store = \"s3://BUCKET/PREFIX\"`".into(),
+                    "is for an S3 store: set `store = \"s3://BUCKET/PREFIX\"`".into(),
                 ));
             }
         }
-        return Ok(());
-    };
-    if s.dir.is_some() {
-        return Err(("store", "give one of dir and store".into()));
     }
-    if !store.starts_with("s3://") {
-        return Err((
-            "store",
-            format!("{store:?}: an off-host store is s3://BUCKET/PREFIX (a directory is `dir`)"),
-        ));
+    if let Some(store) = &s.store {
+        if s.dir.is_some() {
+            return Err(("store", "give one of dir and store".into()));
+        }
+        match remote {
+            Some(store) => check_access(store, addressing, &access)?,
+            None if !Path::new(store).is_absolute() => {
+                return Err((
+                    "store",
+                    format!("{store:?}: a store is s3://BUCKET/PREFIX or an absolute directory"),
+                ));
+            }
+            None => {}
+        }
     }
-    check_access(store, addressing, &access)?;
     for r in &s.encrypt {
         r.parse::<talos_client::backup::Recipient>()
             .map_err(|e| ("encrypt", format!("{r:?}: {e}")))?;
@@ -538,14 +545,24 @@ fn check_drills(
         .addressing()
         .parse::<talos_client::backup::Addressing>()
         .map_err(|e| ("s3_addressing", e.to_string()))?;
-    if !from.starts_with("s3://") {
+    if from.starts_with("s3://") {
+        check_access(from, addressing, &access)
+            .map_err(|(k, e)| (if k == "store" { "from" } else { k }, e))?;
+    } else if !Path::new(from).is_absolute() {
         return Err((
             "from",
-            format!("{from:?}: drills read an off-host store, s3://BUCKET/PREFIX"),
+            format!("{from:?}: drills read a store, s3://BUCKET/PREFIX or an absolute directory"),
         ));
+    } else if let Some(k) = [
+        ("s3_addressing", d.s3_addressing.is_some()),
+        ("s3_region", d.s3_region.is_some()),
+        ("s3_endpoint", d.s3_endpoint.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(k, set)| set.then_some(k))
+    {
+        return Err((k, "is for an S3 store, not a directory".into()));
     }
-    check_access(from, addressing, &access)
-        .map_err(|(k, e)| (if k == "store" { "from" } else { k }, e))?;
     for file in &d.identity {
         talos_client::backup::read_identities(file).map_err(|e| ("identity", e.to_string()))?;
     }

@@ -466,13 +466,17 @@ impl Manager {
     }
 }
 
-/// A snapshot that names no place goes where the cluster's snapshots are
-/// configured to go: its off-host store (with encryption, kit and tiers)
-/// when one is set. The caller's `keep` stands.
+/// A snapshot that names no place (and no encryption or tiers) goes where
+/// the cluster's snapshots are configured to go, as configured: its store
+/// or directory, with encryption, kit and tiers. The caller's `keep`
+/// stands.
 fn configured(cluster: &ResolvedCluster, spec: OpSpec) -> OpSpec {
     match (spec, cluster.config.snapshots.as_ref()) {
         (OpSpec::Snapshot(asked), Some(schedule))
-            if asked.dir.is_none() && asked.store.is_none() && schedule.store.is_some() =>
+            if asked.dir.is_none()
+                && asked.store.is_none()
+                && asked.encrypt.is_empty()
+                && asked.tiers.is_empty() =>
         {
             let mut options = schedule.snapshot_options();
             options.keep = asked.keep;

@@ -144,7 +144,7 @@ async fn bad_store_settings_are_refused_naming_the_key() {
     let tc = sim.dir.path().join("talosconfig");
     let cases = [
         (
-            "[cluster.snapshots]\ninterval = \"1h\"\nstore = \"/var/backups\"\n",
+            "[cluster.snapshots]\ninterval = \"1h\"\nstore = \"backups\"\n",
             "cluster[0].snapshots.store",
         ),
         (
@@ -156,8 +156,8 @@ async fn bad_store_settings_are_refused_naming_the_key() {
             "cluster[0].snapshots.encrypt",
         ),
         (
-            "[cluster.snapshots]\ninterval = \"1h\"\nweekly = 4\n",
-            "cluster[0].snapshots.weekly",
+            "[cluster.snapshots]\ninterval = \"1h\"\nstore = \"/var/backups\"\ns3_endpoint = \"http://10.0.0.5:8333\"\n",
+            "cluster[0].snapshots.s3_endpoint",
         ),
         (
             "[cluster.snapshots]\ninterval = \"1h\"\nstore = \"s3://backups/p\"\ns3_endpoint = \"10.0.0.5:8333\"\n",
@@ -172,6 +172,10 @@ async fn bad_store_settings_are_refused_naming_the_key() {
             "cluster[0].drills.s3_region",
         ),
         ("[cluster.drills]\ninterval = \"1d\"\n", "cluster[0].drills"),
+        (
+            "[cluster.drills]\ninterval = \"1d\"\nfrom = \"/var/backups\"\ns3_region = \"eu-west-1\"\n",
+            "cluster[0].drills.s3_region",
+        ),
         (
             "[cluster.drills]\ninterval = \"1d\"\nfrom = \"s3://backups/p\"\nidentity = [\"/nonexistent/key\"]\n",
             "cluster[0].drills.identity",
@@ -190,5 +194,32 @@ async fn bad_store_settings_are_refused_naming_the_key() {
         assert!(!out.status.success(), "{extra}: accepted");
         assert!(stderr.contains(key), "{extra}: {stderr}");
         assert!(stderr.contains("config.toml:"), "{extra}: {stderr}");
+    }
+    // A directory is a store too: encrypted with a kit and kept by tiers,
+    // and a plain `dir` kept by tiers.
+    let recipient = Identity::generate().recipient().to_string();
+    let key_file = dir.path().join("backup.key");
+    std::fs::write(&key_file, Identity::generate().to_secret_text()).unwrap();
+    for extra in [
+        format!(
+            "[cluster.snapshots]\ninterval = \"1h\"\nstore = \"/var/backups/a\"\n\
+             encrypt = [\"{recipient}\"]\nkit = true\ndaily = 7\nweekly = 4\n\
+             [cluster.drills]\ninterval = \"1d\"\nidentity = [{key_file:?}]\n"
+        ),
+        "[cluster.snapshots]\ninterval = \"1h\"\ndir = \"/var/backups/a\"\nhourly = 24\n".into(),
+    ] {
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, cluster_toml("a", &tc, &extra)).unwrap();
+        let out = std::process::Command::new(cargo_bin("talos-opsd"))
+            .arg("check-config")
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{extra}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

@@ -213,6 +213,112 @@ impl Manager {
             .unwrap_or_else(|| self.state_dir.join("snapshots").join(&cluster.config.name))
     }
 
+    /// Where `cluster`'s backups are stored as object sets, and how it is
+    /// reached: its `store`, or its snapshot directory when snapshots are
+    /// encrypted there; `None` for plain snapshot files (catalogued in the
+    /// journal instead).
+    pub fn backup_store(
+        &self,
+        cluster: &ResolvedCluster,
+    ) -> Option<(String, talos_client::ops::S3Access)> {
+        let snapshots = cluster.config.snapshots.as_ref()?;
+        match &snapshots.store {
+            Some(store) => Some((store.clone(), snapshots.access())),
+            None if !snapshots.encrypt.is_empty() => Some((
+                self.snapshot_dir(cluster).display().to_string(),
+                talos_client::ops::S3Access::default(),
+            )),
+            None => None,
+        }
+    }
+
+    /// The backups in the stores of the configured clusters (or of
+    /// `only`), listed live from each store, that cluster's only; and the
+    /// stores that could not be listed, each within a bound so one
+    /// unreachable store does not hold up the answer.
+    pub async fn stored_backups(
+        &self,
+        only: Option<&str>,
+    ) -> (Vec<proto::Snapshot>, Vec<proto::StoreListError>) {
+        const LIST_BOUND: std::time::Duration = std::time::Duration::from_secs(20);
+        let mut snapshots = Vec::new();
+        let mut errors = Vec::new();
+        let clusters = match only.and_then(|name| self.cluster(name)) {
+            Some(one) => vec![one],
+            None if only.is_some() => Vec::new(),
+            None => self.clusters(),
+        };
+        for cluster in clusters {
+            let Some((name, access)) = self.backup_store(&cluster) else {
+                continue;
+            };
+            let error = |message: String| proto::StoreListError {
+                cluster: cluster.config.name.clone(),
+                store: name.clone(),
+                message,
+            };
+            let listed = async {
+                let addressing = access
+                    .addressing()
+                    .parse::<talos_client::backup::Addressing>()
+                    .map_err(|e| e.to_string())?;
+                let store = talos_client::backup::open_store_with(
+                    &name,
+                    addressing,
+                    access.region.as_deref(),
+                    access.endpoint.as_deref(),
+                )
+                .map_err(|e| e.to_string())?;
+                talos_client::backup::catalogue(&[store.as_ref()])
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            let entries = match tokio::time::timeout(LIST_BOUND, listed).await {
+                Ok(Ok(entries)) => entries,
+                Ok(Err(e)) => {
+                    errors.push(error(e));
+                    continue;
+                }
+                Err(_) => {
+                    errors.push(error(format!(
+                        "not listed within {} s",
+                        LIST_BOUND.as_secs()
+                    )));
+                    continue;
+                }
+            };
+            for entry in entries {
+                let meta = &entry.metadata;
+                if meta.cluster != cluster.context.name {
+                    continue;
+                }
+                let recipients = match &meta.object.encryption {
+                    talos_client::backup::Encryption::Age { recipients } => recipients.len(),
+                    _ => 0,
+                };
+                snapshots.push(proto::Snapshot {
+                    cluster: cluster.config.name.clone(),
+                    operation_id: String::new(),
+                    node: meta.node.clone(),
+                    taken: meta
+                        .time
+                        .format(&time::format_description::well_known::Rfc3339)
+                        .unwrap_or_default(),
+                    revision: meta.snapshot.status.revision,
+                    sha256: meta.snapshot.sha256.clone(),
+                    size: meta.snapshot.size,
+                    path: String::new(),
+                    store: name.clone(),
+                    key: meta.object.key.clone(),
+                    recipients: u32::try_from(recipients).unwrap_or(u32::MAX),
+                    kit: meta.kit.is_some(),
+                    complete: entry.complete,
+                });
+            }
+        }
+        (snapshots, errors)
+    }
+
     /// Plans and starts `spec` on `cluster`; returns once it is journaled,
     /// with the preflight's notes. With `confirmed`, the plan made now must
     /// have that fingerprint (the one the caller showed and confirmed).

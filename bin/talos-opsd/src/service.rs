@@ -317,22 +317,37 @@ impl proto::opsd_server::Opsd for Service {
                 .map_err(|e| Status::internal(e.to_string()))
         })
         .map(|entries| {
-            Response::new(proto::ListSnapshotsResponse {
-                snapshots: entries
-                    .into_iter()
-                    .map(|e| proto::Snapshot {
-                        cluster: e.cluster,
-                        operation_id: e.operation_id,
-                        node: e.node,
-                        taken: e.taken,
-                        revision: e.revision,
-                        sha256: e.sha256,
-                        size: e.size,
-                        path: e.path.display().to_string(),
-                    })
-                    .collect(),
-            })
+            entries
+                .into_iter()
+                .map(|e| proto::Snapshot {
+                    cluster: e.cluster,
+                    operation_id: e.operation_id,
+                    node: e.node,
+                    taken: e.taken,
+                    revision: e.revision,
+                    sha256: e.sha256,
+                    size: e.size,
+                    path: e.path.display().to_string(),
+                    ..Default::default()
+                })
+                .collect::<Vec<_>>()
         });
+        let result = match result {
+            Ok(mut snapshots) => {
+                let (stored, errors) = self
+                    .manager
+                    .stored_backups((!cluster.is_empty()).then_some(cluster.as_str()))
+                    .await;
+                snapshots.extend(stored);
+                // Newest first, files and stored objects alike.
+                snapshots.sort_by(|a, b| b.taken.cmp(&a.taken));
+                Ok(Response::new(proto::ListSnapshotsResponse {
+                    snapshots,
+                    errors,
+                }))
+            }
+            Err(e) => Err(e),
+        };
         audit(
             &who,
             &format!("list snapshots cluster={}", quoted(&cluster)),

@@ -96,6 +96,28 @@ async fn scheduled_backups_go_off_host_encrypted_with_a_kit_and_scheduled_drills
         },
     )
     .await;
+    // ListSnapshots lists the store's backups live, beside the files.
+    let listed = client
+        .clone()
+        .list_snapshots(proto::ListSnapshotsRequest {
+            cluster: "a".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.errors.is_empty(), "{:?}", listed.errors);
+    let stored: Vec<_> = listed
+        .snapshots
+        .iter()
+        .filter(|s| s.store == format!("s3://{BUCKET}/opsd"))
+        .collect();
+    assert!(stored.len() >= 2, "{listed:?}");
+    for s in &stored {
+        assert!(s.key.ends_with(".db.zst.age"), "{s:?}");
+        assert!(s.path.is_empty(), "{s:?}");
+        assert_eq!((s.recipients, s.kit, s.complete), (1, true, true), "{s:?}");
+        assert!(s.revision > 0 && s.size > 0, "{s:?}");
+    }
     let metrics = scrape(port).await;
     let mut d = d;
     assert_eq!(d.signal_and_wait(libc::SIGTERM).await, Some(0));
@@ -133,6 +155,39 @@ async fn scheduled_backups_go_off_host_encrypted_with_a_kit_and_scheduled_drills
     assert_eq!(Some(revision as i64), facts["report"]["revision"].as_i64());
     let size = series(&metrics, "talos_opsd_snapshot_last_size_bytes").unwrap();
     assert!(size > 0.0, "{metrics}");
+}
+
+/// A store that cannot be reached is named in ListSnapshots' errors; the
+/// answer still comes, within its bound.
+#[tokio::test]
+async fn an_unreachable_store_is_reported_by_list_snapshots() {
+    let sim = SimCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tc = sim.dir.path().join("talosconfig");
+    // A port nothing listens on.
+    let closed = free_port();
+    let extra = format!(
+        "[cluster.snapshots]\ninterval = \"1h\"\nstore = \"s3://{BUCKET}/gone\"\n\
+         s3_endpoint = \"http://127.0.0.1:{closed}\"\ns3_region = \"us-east-1\"\n"
+    );
+    let env = [
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+    ];
+    let d = Daemon::start_with(dir.path(), &cluster_toml("a", &tc, &extra), &env, &[]).await;
+    let listed = d
+        .client()
+        .await
+        .list_snapshots(proto::ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.snapshots.is_empty(), "{listed:?}");
+    assert_eq!(listed.errors.len(), 1, "{listed:?}");
+    let error = &listed.errors[0];
+    assert_eq!(error.cluster, "a");
+    assert_eq!(error.store, format!("s3://{BUCKET}/gone"));
+    assert!(!error.message.is_empty(), "{error:?}");
 }
 
 /// `check-config` refuses what the store settings cannot do, naming the key

@@ -1,5 +1,6 @@
 //! The output of every operation held to golden files in
-//! tests/golden/ops/: for snapshot, apply, join, migrate and retire, the
+//! tests/golden/ops/: for snapshot, defrag, apply, join, migrate, retire,
+//! drill and restore, the
 //! plan (`--plan`: the table on stderr, JSON on stdout) and the result (the
 //! JSON record of the run, and `ops show` as a table), on one simulator
 //! cluster. Run-dependent values (ids, addresses, hostnames, times,
@@ -151,6 +152,84 @@ async fn every_operation_s_plan_and_result_match_the_golden_files() {
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }
 
+/// The backup operations: a drill of an encrypted backup with a kit in a
+/// directory store, then a restore of it onto the node after its etcd data
+/// was wiped (a cluster that lost quorum).
+#[tokio::test]
+async fn drill_and_restore_plans_and_results_match_the_golden_files() {
+    use std::time::Duration;
+    use talos_client::backup::Identity;
+    use talos_client::client::ResetRequest;
+    use talos_test_support::sim::wait_for;
+
+    let f = Fixture::start(1).await;
+    f.sim
+        .cluster
+        .fill("/registry/golden/", 12, 64)
+        .await
+        .unwrap();
+    let identity = Identity::generate();
+    let key_file = f.state.path().join("key.txt");
+    std::fs::write(&key_file, identity.to_secret_text()).unwrap();
+    let recipient = identity.recipient().to_string();
+    let store = f.state.path().join("store");
+    let store = store.to_str().unwrap();
+    let key = key_file.to_str().unwrap();
+    let stored = f
+        .ops(&[
+            "--yes",
+            "snapshot",
+            "--to",
+            store,
+            "--encrypt",
+            &recipient,
+            "--kit",
+        ])
+        .await
+        .ok()
+        .json();
+    assert_eq!(stored["state"], "succeeded", "{stored}");
+    let mut mismatches = Vec::new();
+    check(
+        &f,
+        "drill",
+        &["drill", "--from", store, "-i", key],
+        &mut mismatches,
+    )
+    .await;
+
+    let target = f.sim.ip(1);
+    let admin = f.sim.admin();
+    admin
+        .node(target.as_str())
+        .reset(
+            ResetRequest::default()
+                .with_graceful(false)
+                .with_reboot(true)
+                .with_system_labels_to_wipe(vec!["EPHEMERAL".into()]),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "the node back without etcd",
+        Duration::from_secs(60),
+        || async {
+            let node = admin.node(target.as_str());
+            node.version().await.ok()?;
+            node.etcd_status().await.is_err().then_some(())
+        },
+    )
+    .await;
+    check(
+        &f,
+        "restore",
+        &["restore", "--from", store, "-i", key, &target],
+        &mut mismatches,
+    )
+    .await;
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
+
 /// An apply: `-n NODE` goes before `ops`.
 async fn check_apply(f: &Fixture, args: &[&str], mismatches: &mut Vec<String>) {
     let (nodes, rest) = args.split_at(2);
@@ -220,6 +299,11 @@ fn normalise(text: &str, table: bool) -> String {
         // SPKI fingerprints: generated for each run.
         (r"[A-Za-z0-9+/]{40,}={0,2}", "<BASE64>"),
         (r"\d{8}T\d{6}-[0-9a-f]{6}", "<OP>"),
+        // Backup keys' stamps, short hashes and stored sizes (age's and
+        // zstd's framing of a snapshot whose layout may vary).
+        (r"\d{8}T\d{6}\.\d{3}Z", "<STAMP>"),
+        (r"sha256 [0-9a-f]{12}\b", "sha256 <SHORT>"),
+        (r"\b\d+ bytes", "<BYTES>"),
         (r"\d{4}-\d{2}-\d{2}T[0-9:.]+(Z|[+-]\d{2}:\d{2})", "<TIME>"),
         // Numbers before member ids: a gap such as 2.1234567890123456 has
         // sixteen fraction digits, which would otherwise read as a member id.

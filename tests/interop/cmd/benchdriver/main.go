@@ -7,6 +7,7 @@
 //	benchdriver --talosconfig PATH --node IP version
 //	benchdriver --talosconfig PATH --node IP members
 //	benchdriver --talosconfig PATH --node IP snapshot FILE
+//	benchdriver --talosconfig PATH --node IP backup s3://BUCKET/KEY AGE_RECIPIENT
 //
 // `snapshot` does what talosctl 1.13's `etcd snapshot` does
 // (cmd/talosctl/cmd/talos/etcd.go in siderolabs/talos): the node's etcd
@@ -14,6 +15,10 @@
 // from the client's reader), fsync, the size checked for etcd's sha256
 // trailer, FILE.part renamed to FILE, then etcd's snapshot status computed
 // with etcdutl's snapshot package and printed as talosctl prints it.
+//
+// `backup` (backup.go) is the off-host pipeline of siderolabs/talos-backup
+// (zstd, then age, then S3) in one stream, to time beside `talosctl-rs ops
+// snapshot --to s3://... --encrypt`.
 package main
 
 import (
@@ -38,7 +43,7 @@ func main() {
 	flag.Parse()
 
 	if *talosconfig == "" || *node == "" || flag.NArg() < 1 {
-		fmt.Fprintln(os.Stderr, "usage: benchdriver --talosconfig PATH --node IP version|members|snapshot FILE")
+		fmt.Fprintln(os.Stderr, "usage: benchdriver --talosconfig PATH --node IP version|members|snapshot FILE|backup s3://BUCKET/KEY AGE_RECIPIENT")
 		os.Exit(2)
 	}
 
@@ -82,6 +87,12 @@ func run(ctx context.Context, talosconfig, node string, args []string) error {
 		}
 
 		return snapshot(ctx, c, node, args[1])
+	case "backup":
+		if len(args) != 3 {
+			return errors.New("backup needs s3://BUCKET/KEY and an age recipient")
+		}
+
+		return backup(ctx, c, node, args[1], args[2])
 	default:
 		return fmt.Errorf("unknown command %q", args[0])
 	}

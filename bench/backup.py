@@ -24,6 +24,7 @@ import threading
 import time
 import urllib.request
 
+sys.dont_write_bytecode = True  # no bench/__pycache__ from importing bench.py
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import measure_beside  # noqa: E402
 

@@ -16,6 +16,9 @@ pub(crate) struct Counts {
 
 type Bucket = (i32, u16, u8);
 
+/// A tier: its name, how many buckets it keeps, and a time's bucket.
+type Tier = (&'static str, usize, fn(OffsetDateTime) -> Bucket);
+
 /// For `times`, newest first, why each is kept (`last`, `newest`,
 /// `hourly`, `daily`, `weekly`); an empty list means it goes. The newest is
 /// always kept, whatever the counts.
@@ -28,7 +31,7 @@ pub(crate) fn reasons(counts: Counts, times: &[OffsetDateTime]) -> Vec<Vec<&'sta
             "newest"
         });
     }
-    let tiers: [(&'static str, usize, fn(OffsetDateTime) -> Bucket); 3] = [
+    let tiers: [Tier; 3] = [
         ("hourly", counts.hourly, |t| {
             (t.year(), t.ordinal(), t.hour())
         }),

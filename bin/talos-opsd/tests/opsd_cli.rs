@@ -244,3 +244,81 @@ async fn a_socket_this_user_may_not_use_is_an_error_not_no_daemon() {
     );
     assert!(!stderr.contains("running in this process"), "{stderr}");
 }
+
+/// A join with a configuration through the daemon, on a terminal: the
+/// daemon's plan is shown before the question, a "no" starts nothing and
+/// leaves the node in maintenance mode, a "yes" joins it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_join_through_the_daemon_on_a_terminal_shows_the_plan_and_asks() {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    use std::time::Duration;
+    use talos_test_support::pty::{Screen, openpty};
+
+    let sim = SimCluster::start(3).await;
+    let new = sim.cluster.add_maintenance_node().await.unwrap();
+    let fingerprint = new.maintenance_fingerprint.clone().unwrap();
+    let tc = sim.dir.path().join("talosconfig");
+    talos_test_support::cli::run(&tc, &["config", "add-endpoint", &new.api])
+        .await
+        .ok();
+    let config = sim.dir.path().join("controlplane.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &cluster_toml("a", &tc, "")).await;
+    let join = |answer: &'static [u8]| {
+        let (controller, terminal) = openpty();
+        let mut cmd = command(&tc);
+        cmd.args(["ops", "join", &new.api, "--config"])
+            .arg(&config)
+            .args(["--cert-fingerprint", &fingerprint])
+            .env("TALOS_OPSD_SOCKET", &d.socket)
+            .stdin(Stdio::from(terminal.try_clone().unwrap()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(terminal));
+        let mut child = cmd.spawn().unwrap();
+        let controller = std::fs::File::from(controller);
+        let mut typing = controller.try_clone().unwrap();
+        let mut screen = Screen::new(controller);
+        let shown = screen
+            .wait_for("proceed? [y/N]", Duration::from_secs(60))
+            .to_string();
+        typing.write_all(answer).unwrap();
+        let status = child.wait().unwrap();
+        let ending = if status.success() {
+            "wait-voter done"
+        } else {
+            "nothing was changed"
+        };
+        let all = screen
+            .wait_for(ending, Duration::from_secs(120))
+            .to_string();
+        (status, shown, all)
+    };
+    let (status, shown, all) = tokio::task::block_in_place(|| join(b"n\n"));
+    assert_eq!(status.code(), Some(1), "{all}");
+    assert!(
+        shown.contains("apply-config: apply") && shown.contains("[changes the cluster]"),
+        "the daemon's plan comes before the question: {shown}"
+    );
+    let listed = ops(&tc, &d.socket, &["list"]).await.ok().json();
+    assert_eq!(listed, serde_json::json!([]), "nothing was started");
+    assert!(
+        sim.admin()
+            .node(new.ip.to_string())
+            .etcd_member_list(false)
+            .await
+            .is_err(),
+        "the node is still in maintenance mode"
+    );
+
+    let (status, _, all) = tokio::task::block_in_place(|| join(b"y\n"));
+    assert!(status.success(), "{all}");
+    let members = sim
+        .admin()
+        .node(new.ip.to_string())
+        .etcd_member_list(false)
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 4, "{members:?}");
+    assert!(members.iter().all(|m| !m.is_learner), "{members:?}");
+}

@@ -3,83 +3,16 @@
 //! is refused at plan time, naming the first, and nothing changes. The lock
 //! is taken before the preflight and held through the prompt.
 
-use std::io::{Read as _, Write as _};
-use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::io::Write as _;
 use std::process::Stdio;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use talos_test_support::cli::command;
+use talos_test_support::pty::{Screen, openpty};
 
 mod ops_fixture;
 
 use ops_fixture::Fixture;
-
-/// A pseudo-terminal: (controller, terminal).
-fn openpty() -> (OwnedFd, OwnedFd) {
-    let (mut controller, mut terminal) = (-1, -1);
-    // SAFETY: openpty writes two new descriptors into the given ints; the
-    // name, termios and window size pointers may be null.
-    let rc = unsafe {
-        libc::openpty(
-            &mut controller,
-            &mut terminal,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    };
-    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
-    // SAFETY: both descriptors are new and owned by nobody else.
-    unsafe {
-        (
-            OwnedFd::from_raw_fd(controller),
-            OwnedFd::from_raw_fd(terminal),
-        )
-    }
-}
-
-/// Everything the terminal shows, read on a thread, until `needle` appears
-/// or the deadline passes.
-struct Screen {
-    text: String,
-    chunks: mpsc::Receiver<String>,
-}
-
-impl Screen {
-    fn new(controller: std::fs::File) -> Screen {
-        let (tx, chunks) = mpsc::channel();
-        let mut controller = controller;
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = controller.read(&mut buf) {
-                if n == 0
-                    || tx
-                        .send(String::from_utf8_lossy(&buf[..n]).into_owned())
-                        .is_err()
-                {
-                    return;
-                }
-            }
-        });
-        Screen {
-            text: String::new(),
-            chunks,
-        }
-    }
-
-    fn wait_for(&mut self, needle: &str, within: Duration) -> &str {
-        let deadline = Instant::now() + within;
-        while !self.text.contains(needle) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.chunks.recv_timeout(left) {
-                Ok(chunk) => self.text.push_str(&chunk),
-                Err(_) => panic!("{needle:?} not shown within {within:?}:\n{}", self.text),
-            }
-        }
-        &self.text
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_operation_is_refused_while_the_first_waits_at_its_prompt() {

@@ -6,10 +6,12 @@
 //! - [`sim`]: a simulated cluster (talos-sim) per test, and waiting for a
 //!   condition with a deadline;
 //! - [`etcd`]: a throwaway real etcd member and snapshots taken from it;
-//! - [`cli`]: running a built binary of the workspace.
+//! - [`cli`]: running a built binary of the workspace;
+//! - [`pty`]: a pseudo-terminal, to answer a prompt as a person would.
 
 pub mod cli;
 pub mod etcd;
+pub mod pty;
 pub mod server;
 pub mod sim;
 

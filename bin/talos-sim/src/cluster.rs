@@ -1,71 +1,20 @@
-//! Starting, changing and stopping a simulated cluster.
+//! Starting, changing and stopping a simulated cluster: the facade over
+//! the nodes' supervisors and the shared state.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
-
-use tonic::Status;
-use tonic::transport::Channel;
+use std::time::Duration;
 
 use super::etcd_client::EtcdClient;
 use super::etcd_process::ClusterState;
-use super::node::{Node, NodeLayout, Power};
+use super::node::Node;
 use super::pki::{Ca, LeafSpec};
+pub use super::shared::NodeInfo;
+use super::shared::{NodeKind, Shared};
 use super::{SimConfig, SimError};
 use talos_client::config::{Context, TalosConfig};
 use talos_client::tls::Credentials;
-
-/// What a simulated node is, for printing and for scripts.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct NodeInfo {
-    /// Hostname and etcd member name.
-    pub name: String,
-    /// Address.
-    pub ip: IpAddr,
-    /// apid endpoint (`ip:port`).
-    pub api: String,
-    /// etcd client URL.
-    pub etcd_client_url: String,
-    /// While in maintenance mode: the API certificate's SPKI fingerprint,
-    /// for `--cert-fingerprint`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub maintenance_fingerprint: Option<String>,
-    /// A worker: no etcd.
-    #[serde(default)]
-    pub worker: bool,
-}
-
-impl NodeInfo {
-    fn of(node: &Node) -> NodeInfo {
-        NodeInfo {
-            name: node.name.clone(),
-            ip: IpAddr::V4(node.ip),
-            api: node.api_addr(),
-            etcd_client_url: node.etcd_client_url(),
-            maintenance_fingerprint: (!node.is_configured())
-                .then(|| node.maintenance_fingerprint.clone()),
-            worker: node.is_worker(),
-        }
-    }
-}
-
-/// State shared by every node of a cluster.
-pub(crate) struct Shared {
-    pub cfg: SimConfig,
-    ca: Ca,
-    nodes: RwLock<Vec<Arc<Node>>>,
-    /// The identity apids use to forward calls to each other.
-    proxy_identity: Credentials,
-    /// How a peer sees a call this simulator's apids forward to it without
-    /// the network hop: the proxy identity's certificate and roles.
-    pub(crate) proxy_peer: crate::serve::PeerInfo,
-    backends: tokio::sync::Mutex<HashMap<String, Channel>>,
-    machine_config: String,
-    worker_config: String,
-    add_lock: tokio::sync::Mutex<()>,
-}
 
 /// A running simulated cluster. Dropping it without
 /// [`shutdown`](Cluster::shutdown) still kills every etcd it started.
@@ -88,14 +37,6 @@ fn load_or_create_ca(dir: &Path) -> Result<Ca, SimError> {
     write_private(&crt, ca.cert_pem.as_bytes())?;
     write_private(&key, ca.key_pem().as_bytes())?;
     Ok(ca)
-}
-
-/// What a new node is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NodeKind {
-    ControlPlane,
-    Worker,
-    Maintenance,
 }
 
 /// The worker configuration: the control-plane one with `type: worker` and
@@ -209,6 +150,7 @@ impl Cluster {
             machine_config,
             worker_config,
             add_lock: tokio::sync::Mutex::new(()),
+            stop: tokio_util::sync::CancellationToken::new(),
         });
         let cluster = Cluster { shared };
         cluster.start_initial_nodes().await?;
@@ -235,8 +177,7 @@ impl Cluster {
             result?;
         }
         for node in &created {
-            crate::lifecycle::start_front(shared, node).await?;
-            crate::lifecycle::record_boot(node);
+            crate::supervisor::start(shared, node).await?;
         }
         shared.wait_for_leader(Duration::from_secs(60)).await?;
         // Workers: configured, API only, no etcd.
@@ -250,8 +191,7 @@ impl Cluster {
             .expect("nodes lock")
             .extend(workers.iter().cloned());
         for node in &workers {
-            crate::lifecycle::start_front(shared, node).await?;
-            crate::lifecycle::record_boot(node);
+            crate::supervisor::start(shared, node).await?;
         }
         Ok(())
     }
@@ -366,7 +306,7 @@ impl Cluster {
             .shared
             .find(target)
             .ok_or_else(|| SimError::Refused(format!("no node {target:?}")))?;
-        crate::lifecycle::heal(&self.shared, &node).await
+        crate::supervisor::heal(&self.shared, &node).await
     }
 
     /// Writes `count` keys of `value_size` bytes through the running nodes'
@@ -398,7 +338,7 @@ impl Cluster {
     /// Adds a control-plane node whose etcd joins as a learner and is
     /// promoted to a voter once it has caught up, as Talos does.
     pub async fn add_node(&self) -> Result<NodeInfo, SimError> {
-        self.shared.add_node(false).await
+        crate::supervisor::add_node(&self.shared, false).await
     }
 
     /// Adds a node in maintenance mode: no configuration, its API answers
@@ -406,7 +346,7 @@ impl Cluster {
     /// [`NodeInfo::maintenance_fingerprint`]); applying a control-plane
     /// configuration makes it join etcd.
     pub async fn add_maintenance_node(&self) -> Result<NodeInfo, SimError> {
-        self.shared.add_node(true).await
+        crate::supervisor::add_node(&self.shared, true).await
     }
 
     /// Answers [`control::Request`](crate::control::Request)s on a Unix
@@ -424,225 +364,17 @@ impl Cluster {
 
     /// Stops every node's API and etcd.
     pub async fn shutdown(self) {
+        self.shared.stop.cancel();
         let nodes = self.shared.nodes();
         futures::future::join_all(nodes.iter().map(|n| crate::lifecycle::power_off(n))).await;
     }
-}
-
-/// Whether `target` (already parsed as `ip` when it is an address) is
-/// `node`'s hostname or address.
-fn named(node: &Node, target: &str, ip: Option<std::net::Ipv4Addr>) -> bool {
-    node.name == target || ip == Some(node.ip) || (ip.is_some() && ip == node.second_ip)
-}
-
-impl Shared {
-    pub(crate) async fn fill(
-        &self,
-        prefix: &str,
-        count: usize,
-        value_size: usize,
-    ) -> Result<(), SimError> {
-        let client = EtcdClient::connect(&self.control_plane_etcd_urls()).await?;
-        let value = vec![b'x'; value_size];
-        for i in 0..count {
-            client
-                .put(format!("{prefix}{i:08}").into_bytes(), value.clone())
-                .await?;
-        }
-        Ok(())
-    }
-
-    pub(crate) async fn clear(&self, prefix: &str) -> Result<i64, SimError> {
-        let client = EtcdClient::connect(&self.control_plane_etcd_urls()).await?;
-        Ok(client.delete_prefix_and_compact(prefix.as_bytes()).await?)
-    }
-
-    /// One more node: a configured control-plane node that joins etcd as
-    /// a learner, or (`maintenance`) a node without configuration whose
-    /// API waits for one.
-    pub(crate) async fn add_node(
-        self: &Arc<Self>,
-        maintenance: bool,
-    ) -> Result<NodeInfo, SimError> {
-        let _one_at_a_time = self.add_lock.lock().await;
-        let index = self.nodes().len() + 1;
-        let kind = if maintenance {
-            NodeKind::Maintenance
-        } else {
-            NodeKind::ControlPlane
-        };
-        let node = Arc::new(self.create_node(index, kind)?);
-        self.nodes.write().expect("nodes lock").push(node.clone());
-        if !maintenance {
-            crate::lifecycle::join_etcd(self, &node, false).await?;
-        }
-        crate::lifecycle::start_front(self, &node).await?;
-        crate::lifecycle::record_boot(&node);
-        Ok(NodeInfo::of(&node))
-    }
-
-    /// The cluster's CA (the simulator's only one).
-    pub(crate) fn ca(&self) -> &Ca {
-        &self.ca
-    }
-
-    pub(crate) fn node_infos(&self) -> Vec<NodeInfo> {
-        self.nodes().iter().map(|n| NodeInfo::of(n)).collect()
-    }
-
-    pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
-        self.nodes.read().expect("nodes lock").clone()
-    }
-
-    /// A node by hostname or address.
-    pub(crate) fn find(&self, target: &str) -> Option<Arc<Node>> {
-        let ip = target.parse().ok();
-        self.nodes
-            .read()
-            .expect("nodes lock")
-            .iter()
-            .find(|n| named(n, target, ip))
-            .cloned()
-    }
-
-    /// Whether `target` names `node` itself.
-    pub(crate) fn is_self(&self, node: &Node, target: &str) -> bool {
-        named(node, target, target.parse().ok())
-    }
-
-    fn create_node(&self, index: usize, kind: NodeKind) -> Result<Node, SimError> {
-        let cfg = &self.cfg;
-        let ip = cfg.node_ip(index);
-        let name = match kind {
-            NodeKind::Worker => format!("worker-{}", index - cfg.nodes),
-            _ => format!("cp-{index}"),
-        };
-        let cert = self.ca.issue(&LeafSpec::server(
-            &[IpAddr::V4(ip), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
-            &[name.as_str(), "localhost"],
-        ))?;
-        let server_tls = Credentials::from_pem(
-            self.ca.cert_pem.as_bytes(),
-            cert.cert_pem.as_bytes(),
-            cert.key_pem.as_bytes(),
-        );
-        let server_tls = crate::tls::server_config(&server_tls)?;
-        // A node without configuration serves a certificate from a root of
-        // its own (upstream's maintenance root, secrets/maintenance_root.go).
-        let maintenance_ca = Ca::generate()?;
-        let maintenance_cert = maintenance_ca.issue(&LeafSpec::server(
-            &[IpAddr::V4(ip), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
-            &[name.as_str(), "localhost"],
-        ))?;
-        let maintenance_tls = crate::tls::maintenance_server_config(
-            &maintenance_cert.cert_pem,
-            &maintenance_cert.key_pem,
-        )?;
-        let der = talos_client::tls::parse_certificates(
-            maintenance_cert.cert_pem.as_bytes(),
-            talos_client::tls::Material::Certificate,
-        )?;
-        let maintenance_fingerprint = talos_client::maintenance::spki_fingerprint(&der[0])?;
-        Node::new(
-            NodeLayout {
-                index,
-                dir: cfg.dir.join("nodes").join(&name),
-                name,
-                ip,
-                second_ip: cfg.second_ip(index),
-                api_port: cfg.api_port,
-                etcd_client_port: cfg.etcd_client_port,
-                etcd_peer_port: cfg.etcd_peer_port,
-                quota_backend_bytes: cfg.quota_backend_bytes,
-                server_tls,
-                maintenance_tls,
-                maintenance_fingerprint,
-                worker: kind == NodeKind::Worker,
-                timing: cfg.timing,
-                version: cfg.talos_version,
-            },
-            match kind {
-                NodeKind::ControlPlane => Some(self.machine_config.clone()),
-                NodeKind::Worker => Some(self.worker_config.clone()),
-                NodeKind::Maintenance => None,
-            },
-        )
-    }
-
-    /// etcd client URLs of the configured, powered-on nodes: what upstream's
-    /// `NewClientFromControlPlaneIPs` connects to.
-    pub(crate) fn control_plane_etcd_urls(&self) -> Vec<String> {
-        self.nodes()
-            .iter()
-            .filter(|n| n.is_control_plane() && n.power() == Power::On)
-            .map(|n| n.etcd_client_url())
-            .collect()
-    }
-
-    /// A channel to another node's apid, authenticated as a peer apid. A
-    /// failure reads as grpc-go's for a fail-fast call on a channel that
-    /// cannot connect (balancer/pickfirst, picker_wrapper.go): Unavailable,
-    /// the connection error with the dialled `host:port`, or the name
-    /// resolver's error for a name that does not resolve.
-    pub(crate) async fn backend(&self, target: &str) -> Result<Channel, Status> {
-        let host = match self.find(target) {
-            Some(node) => node.ip.to_string(),
-            None if target.parse::<IpAddr>().is_ok() => target.to_string(),
-            None => {
-                return Err(Status::unavailable(
-                    "name resolver error: produced zero addresses",
-                ));
-            }
-        };
-        let mut backends = self.backends.lock().await;
-        if let Some(channel) = backends.get(&host) {
-            return Ok(channel.clone());
-        }
-        let tls = self
-            .proxy_identity
-            .client_config()
-            .map_err(|e| Status::internal(e.to_string()))?;
-        let channel = crate::dial::dial(&host, self.cfg.api_port, tls)
-            .await
-            .map_err(|desc| connection_error(&desc))?;
-        backends.insert(host, channel.clone());
-        Ok(channel)
-    }
-
-    async fn wait_for_leader(&self, timeout: Duration) -> Result<(), SimError> {
-        let deadline = Instant::now() + timeout;
-        let urls = self.control_plane_etcd_urls();
-        let client = EtcdClient::connect(&urls).await?;
-        loop {
-            let mut leaders = Vec::new();
-            for url in &urls {
-                if let Ok(status) = client.status(url).await {
-                    leaders.push(status.leader);
-                }
-            }
-            if leaders.len() == urls.len() && leaders.iter().all(|l| *l != 0 && *l == leaders[0]) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(SimError::Refused("etcd elected no leader in time".into()));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-/// grpc-go's status for a connection that failed (transport.ConnectionError).
-pub(crate) fn connection_error(desc: &str) -> Status {
-    Status::unavailable(format!(
-        "connection error: desc = {}",
-        crate::go_errors::quote(desc)
-    ))
 }
 
 impl Drop for Cluster {
     /// Without a [`Cluster::shutdown`], the APIs stop and every etcd is
     /// killed here, so a failing test leaves no process behind.
     fn drop(&mut self) {
+        self.shared.stop.cancel();
         for node in self.shared.nodes() {
             node.set_front(None);
             node.kill_etcd_now();

@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::SimError;
-use crate::cluster::{NodeInfo, Shared};
+use crate::shared::{NodeInfo, Shared};
 
 /// What a client asks of a running simulator.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,11 +143,11 @@ async fn carry_out(shared: &std::sync::Arc<Shared>, request: Request) -> Reply {
         message: e.to_string(),
     };
     match request {
-        Request::AddNode => match shared.add_node(false).await {
+        Request::AddNode => match crate::supervisor::add_node(shared, false).await {
             Ok(node) => Reply::Added { node },
             Err(e) => failed(e),
         },
-        Request::AddMaintenanceNode => match shared.add_node(true).await {
+        Request::AddMaintenanceNode => match crate::supervisor::add_node(shared, true).await {
             Ok(node) => Reply::Added { node },
             Err(e) => failed(e),
         },
@@ -227,7 +227,7 @@ async fn partition(shared: &std::sync::Arc<Shared>, node: &str, cut: bool) -> Re
     let done = if cut {
         crate::lifecycle::partition(&n).await
     } else {
-        crate::lifecycle::heal(shared, &n).await
+        crate::supervisor::heal(shared, &n).await
     };
     match done {
         Ok(true) => Reply::Armed,

@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use crate::api::cosi::resource::meta as meta_pb;
 use crate::api::talos::resource::definitions as defs;
-use crate::cluster::Shared;
 use crate::node::{Node, Power, system_volumes};
+use crate::shared::Shared;
 use talos_client::client::resources::types as t;
 
 /// One resource before versioning: where it is and its spec.

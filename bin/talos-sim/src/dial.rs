@@ -101,3 +101,11 @@ fn go_connect_error(e: &std::io::Error) -> String {
         _ => format!("connect: {}", e.kind()),
     }
 }
+
+/// grpc-go's status for a connection that failed (transport.ConnectionError).
+pub(crate) fn connection_error(desc: &str) -> tonic::Status {
+    tonic::Status::unavailable(format!(
+        "connection error: desc = {}",
+        crate::go_errors::quote(desc)
+    ))
+}

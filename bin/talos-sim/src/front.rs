@@ -214,7 +214,7 @@ fn forward<'a>(
         channel
             .oneshot(request)
             .await
-            .map_err(|e| crate::cluster::connection_error(&crate::dial::innermost(&e)))
+            .map_err(|e| crate::dial::connection_error(&crate::dial::innermost(&e)))
     })
 }
 

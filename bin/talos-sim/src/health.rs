@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use tonic::Status;
 
-use super::cluster::Shared;
 use super::node::{Node, Power};
+use super::shared::Shared;
 use crate::api::cluster::{HealthCheckProgress, HealthCheckRequest};
 
 /// The nodes a check runs against: control plane and workers, by address.

@@ -14,11 +14,18 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Layout: [`cluster`] starts and stops nodes and writes the talosconfigs;
-//! [`node`] is one simulated machine (etcd process, machine config,
-//! volumes, power); the machined part answers the Talos calls and the front
-//! routes `node`/`nodes` metadata like apid. Where behaviour had to be
-//! chosen, it follows upstream and names the upstream file.
+//! Layout, top down (a module uses only the layers below it, which
+//! `tests/sim_layers.rs` checks): [`cluster`] is the facade that starts and
+//! stops nodes and writes the talosconfigs, over [`control`] (the control
+//! socket); each node's supervisor starts its API and runs the power
+//! actions (reboot, reset, shutdown, boot after a maintenance apply) that
+//! the API's handlers queue on the node; under it the lifecycle (the
+//! reboot and reset sequences, booting, joining etcd), then the handlers
+//! (the machined part that answers the Talos calls, and the front that
+//! routes `node`/`nodes` metadata like apid), then etcd's calls, and at the
+//! bottom the state every node shares and [`node`], one simulated machine
+//! (etcd process, machine config, volumes, power). Where behaviour had to
+//! be chosen, it follows upstream and names the upstream file.
 
 pub mod api;
 mod auth;
@@ -51,7 +58,9 @@ pub mod pki;
 mod proxy;
 mod runtime_validate;
 pub mod serve;
+mod shared;
 mod strict;
+mod supervisor;
 mod textdiff;
 pub mod tls;
 mod validate;

@@ -1,51 +1,22 @@
-//! A simulated node's lifecycle: serving its API, powering off, rebooting,
-//! resetting, joining etcd and bootstrapping.
+//! A simulated node's lifecycle below its API: powering off, the reboot
+//! and reset sequences, booting and joining etcd. The node's supervisor
+//! (`crate::supervisor`) runs these and serves the API; nothing here
+//! reaches up to the API's handlers.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-use tonic::Status;
-
 use super::SimError;
-use super::cluster::Shared;
 use super::etcd_client::EtcdClient;
 use super::etcd_process::ClusterState;
 use super::events::publish;
-use super::front;
-use super::machined::Machined;
 use super::node::{Node, Power};
-use super::serve::{serve_http2, tls_incoming};
+use super::shared::Shared;
 use crate::api::machine::machine_status_event::MachineStage;
 
 /// How long the API stays up after a sequence's last event, so that
 /// watchers receive it before the node goes down.
 const EVENTS_GRACE: Duration = Duration::from_millis(200);
-
-/// Serves the node's API on its address until its power goes off.
-/// A partitioned node comes up silent; [`heal`] starts its API.
-pub(crate) async fn start_front(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), SimError> {
-    if node.is_partitioned() {
-        node.set_power(Power::On);
-        return Ok(());
-    }
-    let addr = node.api_addr();
-    let listener = bind_with_retry(&addr).await?;
-    let token = CancellationToken::new();
-    node.set_front(Some((token.clone(), node.is_configured())));
-    let machined = Machined {
-        node: node.clone(),
-        shared: shared.clone(),
-    };
-    let (machine_front, cluster_front) = front::services(machined.clone());
-    let incoming = tls_incoming(listener, node.api_tls(), token.clone());
-    let routes = tonic::service::Routes::new(machine_front)
-        .add_service(cluster_front)
-        .add_service(crate::cosi::front(machined));
-    tokio::spawn(serve_http2(incoming, routes, token));
-    node.set_power(Power::On);
-    Ok(())
-}
 
 /// Powers a node off: its API stops answering (open connections break)
 /// and etcd stops, keeping its data.
@@ -69,24 +40,12 @@ pub(crate) async fn partition(node: &Node) -> Result<bool, SimError> {
     Ok(true)
 }
 
-/// Ends a partition: the silent listener goes and the API serves again.
-pub(crate) async fn heal(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<bool, SimError> {
-    if !node.is_partitioned() {
-        return Ok(false);
-    }
-    node.set_blackhole(None);
-    start_front(shared, node).await?;
-    Ok(true)
-}
-
-/// Reboots a node: down for the boot delay, then up with its persisted
-/// (or staged) configuration. The events are those of upstream's reboot
-/// sequence (runtime/v1alpha1/v1alpha1_sequencer.go, Reboot), under the
-/// call's actor id.
+/// The reboot sequence up to the boot: the node goes down for the boot
+/// delay and takes its persisted (or staged) configuration; the caller
+/// holds the sequence lock and boots it. The events are those of
+/// upstream's reboot sequence (runtime/v1alpha1/v1alpha1_sequencer.go,
+/// Reboot), under the call's actor id.
 pub(crate) async fn reboot(shared: &Arc<Shared>, node: &Arc<Node>, actor: &str) {
-    let Some(_sequence) = lock_sequence(node, "reboot") else {
-        return;
-    };
     let log = &node.runtime_events;
     publish::sequence(log, "reboot", true, "", actor);
     publish::stage(log, MachineStage::Rebooting, false, actor);
@@ -113,12 +72,12 @@ pub(crate) async fn reboot(shared: &Arc<Shared>, node: &Arc<Node>, actor: &str) 
         }
         state.rebooting = false;
     }
-    boot(shared, node).await;
 }
 
-/// Brings a node up: etcd from its data (or joining the cluster anew when
-/// its data was wiped but it still has a configuration), then its API.
-pub(crate) async fn boot(shared: &Arc<Shared>, node: &Arc<Node>) {
+/// The boot up to serving the API: etcd from its data (or joining the
+/// cluster anew when its data was wiped but it still has a configuration).
+/// The supervisor then starts the API and calls [`boot_end`].
+pub(crate) async fn boot_begin(shared: &Arc<Shared>, node: &Arc<Node>) {
     // machined's event log and the kernel's ring buffer live in memory.
     node.new_boot();
     node.runtime_events.clear();
@@ -143,9 +102,11 @@ pub(crate) async fn boot(shared: &Arc<Shared>, node: &Arc<Node>) {
             });
         }
     }
-    if let Err(e) = start_front(shared, node).await {
-        tracing::warn!(node = %node.name, error = %e, "node API did not start after boot");
-    }
+}
+
+/// The boot's last events, once the API serves.
+pub(crate) fn boot_end(node: &Node) {
+    let log = &node.runtime_events;
     publish::sequence(log, "boot", false, "", "");
     let stage = if node.is_configured() {
         MachineStage::Running
@@ -156,7 +117,9 @@ pub(crate) async fn boot(shared: &Arc<Shared>, node: &Arc<Node>) {
 }
 
 /// The reset sequence, after the call has been answered: leave etcd when
-/// graceful (abort if that fails), stop, wipe, then power off or reboot.
+/// graceful (abort if that fails), stop, wipe, then power off or (true)
+/// wait the boot delay for the caller, who holds the sequence lock, to
+/// boot the node.
 pub(crate) async fn reset(
     shared: &Arc<Shared>,
     node: &Arc<Node>,
@@ -165,10 +128,7 @@ pub(crate) async fn reset(
     labels: &[String],
     by_spec: bool,
     actor: &str,
-) {
-    let Some(_sequence) = lock_sequence(node, "reset") else {
-        return;
-    };
+) -> bool {
     let log = &node.runtime_events;
     publish::sequence(log, "reset", true, "", actor);
     publish::stage(log, MachineStage::Resetting, false, actor);
@@ -183,7 +143,7 @@ pub(crate) async fn reset(
             tracing::warn!(node = %node.name, error = %status.message(), "reset aborted: leaving etcd failed");
             publish::sequence(log, "reset", false, status.message(), actor);
             publish::stage(log, MachineStage::Running, true, actor);
-            return;
+            return false;
         }
         publish::task(log, "leaveEtcd", false, actor);
         publish::phase(log, "leave", false, actor);
@@ -216,10 +176,10 @@ pub(crate) async fn reset(
     }
     if reboot {
         tokio::time::sleep(shared.cfg.boot_delay).await;
-        boot(shared, node).await;
     } else {
         node.set_power(Power::Off);
     }
+    reboot
 }
 
 /// Adds `node` to the etcd cluster as a learner, starts its member, and
@@ -355,48 +315,14 @@ async fn promote(client: EtcdClient, member_id: u64, name: String, timing: super
     }
 }
 
-/// Starts etcd on a node without data: a new single-member cluster, or
-/// one restored from the snapshot uploaded with EtcdRecover.
-pub(crate) async fn bootstrap(
-    node: &Node,
-    recover: bool,
-    skip_hash_check: bool,
-) -> Result<(), Status> {
-    let data = node.etcd_data_dir();
-    if std::fs::read_dir(&data)
-        .map(|mut d| d.next().is_some())
-        .unwrap_or(false)
-    {
-        return Err(Status::already_exists("etcd data directory is not empty"));
-    }
-    let initial_cluster = format!("{}={}", node.name, node.etcd_peer_url());
-    if recover {
-        let snapshot = node.recovery_snapshot_path();
-        if !snapshot.exists() {
-            return Err(Status::failed_precondition(
-                "no etcd snapshot was uploaded for recovery",
-            ));
-        }
-        let (data_dir, peer_url) = (node.etcd_data_dir(), node.etcd_peer_url());
-        let target = super::etcd_process::RestoreTarget {
-            data_dir: &data_dir,
-            name: &node.name,
-            peer_url: &peer_url,
-        };
-        super::etcd_process::restore_snapshot(&snapshot, target, &initial_cluster, skip_hash_check)
-            .await
-            .map_err(|e| Status::unknown(format!("failed to recover etcd: {e}")))?;
-    }
-    node.start_etcd(initial_cluster, ClusterState::New)
-        .await
-        .map_err(|e| Status::unknown(e.to_string()))
-}
-
 /// Takes the sequencer lock, or, while another sequence holds it, refuses
 /// `sequence` as upstream's controller does after the call was answered
 /// (runtime/v1alpha1/v1alpha1_controller.go, Run): a NOOP sequence event
 /// with a LOCKED error, and a log line; nothing else happens.
-fn lock_sequence<'a>(node: &'a Node, sequence: &str) -> Option<tokio::sync::MutexGuard<'a, ()>> {
+pub(crate) fn lock_sequence<'a>(
+    node: &'a Node,
+    sequence: &str,
+) -> Option<tokio::sync::MutexGuard<'a, ()>> {
     match node.sequence_lock.try_lock() {
         Ok(guard) => Some(guard),
         Err(_) => {
@@ -434,7 +360,7 @@ pub(crate) fn record_boot(node: &Node) {
 
 /// Binds the API address, retrying briefly while a previous listener of the
 /// same node is still closing.
-async fn bind_with_retry(addr: &str) -> Result<tokio::net::TcpListener, SimError> {
+pub(crate) async fn bind_with_retry(addr: &str) -> Result<tokio::net::TcpListener, SimError> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match tokio::net::TcpListener::bind(addr).await {

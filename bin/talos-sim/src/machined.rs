@@ -8,9 +8,9 @@ use std::time::{Duration, SystemTime};
 use tonic::{Request, Response, Status};
 
 use super::auth::authorize;
-use super::cluster::Shared;
 use super::machined_etcd as etcd;
-use super::node::{Node, system_volumes};
+use super::node::{Action, Node, system_volumes};
+use super::shared::Shared;
 use crate::api::cluster::{HealthCheckProgress, HealthCheckRequest};
 use crate::api::machine;
 use crate::api::server::cluster::cluster_service_server::ClusterService;
@@ -22,10 +22,6 @@ type BoxStream<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Statu
 /// The rollback delay of a TRY apply when the request sets none
 /// (constants.ConfigTryTimeout upstream).
 pub(crate) const DEFAULT_TRY_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How long an accepted reboot, shutdown or reset waits before the node
-/// goes down, so the answer reaches the caller first.
-pub(crate) const ACTION_DELAY: Duration = Duration::from_millis(200);
 
 /// One node's Talos API implementation.
 #[derive(Clone)]
@@ -250,22 +246,13 @@ impl MachineService for Machined {
         let request = request.into_inner();
         let targets = self.reset_targets(&request)?;
         let actor = actor_id();
-        let (shared, node) = (self.shared.clone(), self.node.clone());
-        let by_spec = !request.system_partitions_to_wipe.is_empty();
-        let sequence_actor = actor.clone();
         // Like upstream, the reset sequence runs after the call returns.
-        tokio::spawn(async move {
-            tokio::time::sleep(ACTION_DELAY).await;
-            crate::lifecycle::reset(
-                &shared,
-                &node,
-                request.graceful,
-                request.reboot,
-                &targets,
-                by_spec,
-                &sequence_actor,
-            )
-            .await;
+        self.node.queue(Action::Reset {
+            graceful: request.graceful,
+            reboot: request.reboot,
+            labels: targets,
+            by_spec: !request.system_partitions_to_wipe.is_empty(),
+            actor: actor.clone(),
         });
         one(machine::ResetResponse {
             messages: vec![machine::Reset {
@@ -280,12 +267,9 @@ impl MachineService for Machined {
         request: Request<machine::RebootRequest>,
     ) -> Result<Response<machine::RebootResponse>, Status> {
         authorize(&request, "Reboot")?;
-        let (shared, node) = (self.shared.clone(), self.node.clone());
         let actor = actor_id();
-        let sequence_actor = actor.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(ACTION_DELAY).await;
-            crate::lifecycle::reboot(&shared, &node, &sequence_actor).await;
+        self.node.queue(Action::Reboot {
+            actor: actor.clone(),
         });
         one(machine::RebootResponse {
             messages: vec![machine::Reboot {
@@ -300,11 +284,7 @@ impl MachineService for Machined {
         request: Request<machine::ShutdownRequest>,
     ) -> Result<Response<machine::ShutdownResponse>, Status> {
         authorize(&request, "Shutdown")?;
-        let node = self.node.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(ACTION_DELAY).await;
-            crate::lifecycle::power_off(&node).await;
-        });
+        self.node.queue(Action::PowerOff);
         one(machine::ShutdownResponse {
             messages: vec![machine::Shutdown {
                 metadata: None,
@@ -320,7 +300,7 @@ impl MachineService for Machined {
         authorize(&request, "Bootstrap")?;
         self.node.check_controlplane("bootstrap")?;
         let request = request.into_inner();
-        crate::lifecycle::bootstrap(
+        etcd::bootstrap(
             &self.node,
             request.recover_etcd,
             request.recover_skip_hash_check,

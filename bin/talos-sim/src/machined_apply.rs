@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::diff;
 use super::immediate;
-use super::machined::{ACTION_DELAY, DEFAULT_TRY_TIMEOUT, Machined};
+use super::machined::{DEFAULT_TRY_TIMEOUT, Machined};
 use super::node::Node;
 use crate::api::machine::{self, apply_configuration_request::Mode};
 
@@ -32,12 +32,7 @@ impl Machined {
             ));
         }
         if !self.node.is_configured() {
-            return crate::maintenance::apply(
-                &self.shared,
-                &self.node,
-                request.into_inner(),
-                ACTION_DELAY,
-            );
+            return crate::maintenance::apply(&self.shared, &self.node, request.into_inner());
         }
         if !super::auth::is_admin(&request) {
             return Err(Status::permission_denied("not authorized"));
@@ -187,11 +182,8 @@ impl Machined {
             Mode::Reboot => {
                 persist(&config)?;
                 state.rebooting = true;
-                let shared = self.shared.clone();
-                let node = node.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(ACTION_DELAY).await;
-                    crate::lifecycle::reboot(&shared, &node, "").await;
+                node.queue(crate::node::Action::Reboot {
+                    actor: String::new(),
                 });
                 "Applied configuration with a reboot".into()
             }

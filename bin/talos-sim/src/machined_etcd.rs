@@ -15,10 +15,10 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use tonic::{Code, Status};
 
-use super::cluster::Shared;
 use super::etcd_client::EtcdClient;
 use super::go_errors::{EtcdError, etcd_returned, etcd_wrapped};
 use super::node::Node;
+use super::shared::Shared;
 use crate::api::{common, etcdserverpb as pb, machine};
 
 /// The etcd release Talos 1.14.0 runs.
@@ -468,4 +468,41 @@ pub(crate) async fn recover(
         let _ = tokio::fs::remove_file(&path).await;
     }
     result
+}
+
+/// Starts etcd on a node without data: a new single-member cluster, or
+/// one restored from the snapshot uploaded with EtcdRecover.
+pub(crate) async fn bootstrap(
+    node: &Node,
+    recover: bool,
+    skip_hash_check: bool,
+) -> Result<(), Status> {
+    let data = node.etcd_data_dir();
+    if std::fs::read_dir(&data)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
+    {
+        return Err(Status::already_exists("etcd data directory is not empty"));
+    }
+    let initial_cluster = format!("{}={}", node.name, node.etcd_peer_url());
+    if recover {
+        let snapshot = node.recovery_snapshot_path();
+        if !snapshot.exists() {
+            return Err(Status::failed_precondition(
+                "no etcd snapshot was uploaded for recovery",
+            ));
+        }
+        let (data_dir, peer_url) = (node.etcd_data_dir(), node.etcd_peer_url());
+        let target = crate::etcd_process::RestoreTarget {
+            data_dir: &data_dir,
+            name: &node.name,
+            peer_url: &peer_url,
+        };
+        crate::etcd_process::restore_snapshot(&snapshot, target, &initial_cluster, skip_hash_check)
+            .await
+            .map_err(|e| Status::unknown(format!("failed to recover etcd: {e}")))?;
+    }
+    node.start_etcd(initial_cluster, crate::etcd_process::ClusterState::New)
+        .await
+        .map_err(|e| Status::unknown(e.to_string()))
 }

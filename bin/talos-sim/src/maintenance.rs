@@ -10,9 +10,9 @@ use std::sync::Arc;
 use base64::Engine as _;
 use tonic::{Response, Status};
 
-use super::cluster::Shared;
 use super::diff;
 use super::node::Node;
+use super::shared::Shared;
 use crate::api::machine::{self, apply_configuration_request::Mode};
 
 /// Answers an apply on a node without configuration.
@@ -20,7 +20,6 @@ pub(crate) fn apply(
     shared: &Arc<Shared>,
     node: &Arc<Node>,
     request: machine::ApplyConfigurationRequest,
-    action_delay: std::time::Duration,
 ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
     let mode = Mode::try_from(request.mode)
         .map_err(|_| Status::invalid_argument(format!("unknown apply mode {}", request.mode)))?;
@@ -52,13 +51,8 @@ pub(crate) fn apply(
     node.persist_config(&config)
         .map_err(|e| Status::unknown(format!("failed to persist config: {e}")))?;
     node.config.lock().expect("config lock").active = config;
-    let (shared, node) = (shared.clone(), node.clone());
-    tokio::spawn(async move {
-        tokio::time::sleep(action_delay).await;
-        // The maintenance API goes away; the node boots configured.
-        node.set_front(None);
-        crate::lifecycle::boot(&shared, &node).await;
-    });
+    // The maintenance API goes away; the node boots configured.
+    node.queue(crate::node::Action::BootConfigured);
     Ok(Response::new(response(mode, warnings, details.to_string())))
 }
 

@@ -142,6 +142,37 @@ pub struct Node {
     unanswered: std::sync::atomic::AtomicU64,
     /// A delay armed for the next EtcdLeaveCluster.
     leave_delay: Mutex<Option<std::time::Duration>>,
+    /// Power actions the API's handlers queued for the node's supervisor.
+    actions: tokio::sync::mpsc::UnboundedSender<Action>,
+    /// The other end, until the supervisor takes it.
+    queued: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Action>>>,
+}
+
+/// How long after the call's answer a queued action starts: machined
+/// answers first and runs the sequence after (upstream's handlers start
+/// the sequence in a goroutine), so the caller hears the answer.
+pub(crate) const ACTION_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A power action an API handler asks of its node; the node's supervisor
+/// (`crate::supervisor`) carries it out after [`ACTION_DELAY`].
+#[derive(Debug, Clone)]
+pub(crate) enum Action {
+    /// The reboot sequence, then a boot.
+    Reboot { actor: String },
+    /// The reset sequence: a leave when graceful, the wipe of `labels`
+    /// (`by_spec`: named by the caller), then a boot or power off.
+    Reset {
+        graceful: bool,
+        reboot: bool,
+        labels: Vec<String>,
+        by_spec: bool,
+        actor: String,
+    },
+    /// Shutdown: the node powers off.
+    PowerOff,
+    /// A node in maintenance mode that received its configuration: the
+    /// maintenance API goes and the node boots configured.
+    BootConfigured,
 }
 
 /// Where each node keeps its files.
@@ -170,6 +201,7 @@ impl Node {
         layout: NodeLayout,
         machine_config: Option<String>,
     ) -> Result<Node, SimError> {
+        let (actions, queued) = tokio::sync::mpsc::unbounded_channel();
         let node = Node {
             index: layout.index,
             name: layout.name,
@@ -205,6 +237,8 @@ impl Node {
             blackhole: Mutex::new(None),
             unanswered: std::sync::atomic::AtomicU64::new(0),
             leave_delay: Mutex::new(None),
+            actions,
+            queued: Mutex::new(Some(queued)),
         };
         for label in system_volumes(layout.version) {
             let path = node.volume(label);
@@ -447,6 +481,18 @@ impl Node {
     }
 
     /// A new boot: a new boot id.
+    /// Queues `action` for the node's supervisor.
+    pub(crate) fn queue(&self, action: Action) {
+        if self.actions.send(action).is_err() {
+            tracing::warn!(node = %self.name, "no supervisor runs this node; action dropped");
+        }
+    }
+
+    /// The queued actions, for the supervisor (once).
+    pub(crate) fn take_queue(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Action>> {
+        self.queued.lock().expect("queue lock").take()
+    }
+
     pub(crate) fn new_boot(&self) {
         *self.boot_id.lock().expect("boot id lock") = new_boot_id();
     }
@@ -495,7 +541,7 @@ impl Node {
         self.leave_delay.lock().expect("fault lock").take()
     }
 
-    /// Whether the node's API is cut off by [`crate::lifecycle::partition`].
+    /// Whether the node's API is cut off by a partition.
     pub fn is_partitioned(&self) -> bool {
         self.blackhole.lock().expect("blackhole lock").is_some()
     }

@@ -16,7 +16,7 @@
 //! - Watch first sends an empty message (ready), then the events
 //!   (pkg/state/protobuf/server/server.go).
 //!
-//! Resources are derived from the node's state (see [`crate::cosi_state`])
+//! Resources are derived from the node's state (in the `cosi_state` module)
 //! whenever they are read; a version store per node gives each resource a
 //! version that grows with every change, and a watch compares successive
 //! readings. The stream ends when the node goes down.

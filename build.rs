@@ -9,6 +9,8 @@ const PROTOS: &[&str] = &[
     "google/rpc/status.proto",
     "common/common.proto",
     "machine/machine.proto",
+    "machine/image.proto",
+    "machine/lifecycle.proto",
     "cluster/cluster.proto",
 ];
 

@@ -9,7 +9,12 @@ fn main() -> io::Result<()> {
     println!("cargo:rerun-if-changed=proto");
 
     let talos = protox::compile(
-        ["machine/machine.proto", "cluster/cluster.proto"],
+        [
+            "machine/machine.proto",
+            "machine/image.proto",
+            "machine/lifecycle.proto",
+            "cluster/cluster.proto",
+        ],
         ["../../proto"],
     )
     .map_err(io::Error::other)?;

@@ -32,6 +32,7 @@ pub mod resources;
 mod resources_specs;
 mod system;
 pub(crate) mod transport;
+mod upgrade;
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -49,6 +50,10 @@ pub use error::{ConnectAttempt, Error, Failure};
 pub use etcd::{AlarmType, ByteStream, EtcdMember, EtcdMemberStatus, MemberAlarm, MemberId};
 pub use reply::{NodeResult, NodeResults};
 pub use system::{HealthCheckRequest, ServiceEvent, ServiceHealth, ServiceInfo, VersionInfo};
+pub use upgrade::{
+    ImageNamespace, InstallProgress, PullProgress, TalosVersion, UpgradeAck, UpgradePath,
+    UpgradeRequest, VersionParseError, upgrade_path,
+};
 
 use crate::api::cluster::cluster_service_client::ClusterServiceClient;
 use crate::api::machine::machine_service_client::MachineServiceClient;

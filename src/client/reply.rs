@@ -70,6 +70,7 @@ talos_response! {
     machine::EtcdStatusResponse => machine::EtcdStatus,
     machine::HostnameResponse => machine::Hostname,
     machine::RebootResponse => machine::Reboot,
+    machine::UpgradeResponse => machine::Upgrade,
     machine::ResetResponse => machine::Reset,
     machine::ServiceListResponse => machine::ServiceList,
     machine::ShutdownResponse => machine::Shutdown,

@@ -30,6 +30,8 @@ fn allowed(method: &str) -> &'static [&'static str] {
             &[ADMIN, OPERATOR, READER, ETCD_BACKUP]
         }
         "EtcdAlarmDisarm" | "EtcdDefragment" | "Reboot" | "Shutdown" => &[ADMIN, OPERATOR],
+        // ImageService.Pull.
+        "Pull" => &[ADMIN, OPERATOR],
         "Version" | "Hostname" | "ServiceList" | "HealthCheck" | "Events" | "Logs" | "Dmesg" => {
             &[ADMIN, OPERATOR, READER]
         }

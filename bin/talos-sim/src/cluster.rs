@@ -285,6 +285,22 @@ impl Cluster {
         Ok(())
     }
 
+    /// Arms a fault for a node's next upgrade (legacy or lifecycle path):
+    /// at the boot into the new version it boots its old partition and
+    /// comes back on the version it ran, or it never comes back.
+    pub fn fail_next_upgrade(
+        &self,
+        target: &str,
+        fault: crate::upgrade_state::UpgradeFault,
+    ) -> Result<(), SimError> {
+        let node = self
+            .shared
+            .find(target)
+            .ok_or_else(|| SimError::Refused(format!("no node {target:?}")))?;
+        node.fail_next_upgrade(fault);
+        Ok(())
+    }
+
     /// Cuts a running node's API off the network: callers (clients and
     /// the other nodes' apid) connect and hear nothing, open connections
     /// break, while the node keeps running with its etcd member. Its etcd

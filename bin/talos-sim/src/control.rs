@@ -12,6 +12,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use crate::SimError;
 use crate::shared::{NodeInfo, Shared};
+use crate::upgrade_state::UpgradeFault;
 
 /// What a client asks of a running simulator.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,6 +76,14 @@ pub enum Request {
         node: String,
         /// The delay, in milliseconds.
         millis: u64,
+    },
+    /// Make the node's next upgrade go wrong at its boot: it boots the old
+    /// partition (back on its old version), or never comes back.
+    FailNextUpgrade {
+        /// The node's name or address.
+        node: String,
+        /// What goes wrong.
+        fault: UpgradeFault,
     },
 }
 
@@ -179,6 +188,15 @@ async fn carry_out(shared: &std::sync::Arc<Shared>, request: Request) -> Reply {
         Request::DelayLeave { node, millis } => match shared.find(&node) {
             Some(n) => {
                 n.delay_next_leave(Duration::from_millis(millis));
+                Reply::Armed
+            }
+            None => Reply::Error {
+                message: format!("no node {node:?}"),
+            },
+        },
+        Request::FailNextUpgrade { node, fault } => match shared.find(&node) {
+            Some(n) => {
+                n.fail_next_upgrade(fault);
                 Reply::Armed
             }
             None => Reply::Error {

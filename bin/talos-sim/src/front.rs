@@ -27,6 +27,8 @@ use super::machined::Machined;
 use super::proxy::{self, MethodKind};
 use super::serve::certificate_roles;
 use crate::api::server::cluster::cluster_service_server::ClusterServiceServer;
+use crate::api::server::machine::image_service_server::ImageServiceServer;
+use crate::api::server::machine::lifecycle_service_server::LifecycleServiceServer;
 use crate::api::server::machine::machine_service_server::MachineServiceServer;
 use talos_client::client::MAX_MESSAGE_SIZE;
 
@@ -66,6 +68,10 @@ impl<S> Front<S> {
 pub(crate) struct MachineName;
 /// Registers the front as `cluster.ClusterService`.
 pub(crate) struct ClusterName;
+/// Registers the front as `machine.ImageService`.
+pub(crate) struct ImageName;
+/// Registers the front as `machine.LifecycleService`.
+pub(crate) struct LifecycleName;
 
 impl NamedService for Front<MachineName> {
     const NAME: &'static str = "machine.MachineService";
@@ -73,6 +79,14 @@ impl NamedService for Front<MachineName> {
 
 impl NamedService for Front<ClusterName> {
     const NAME: &'static str = "cluster.ClusterService";
+}
+
+impl NamedService for Front<ImageName> {
+    const NAME: &'static str = "machine.ImageService";
+}
+
+impl NamedService for Front<LifecycleName> {
+    const NAME: &'static str = "machine.LifecycleService";
 }
 
 impl<S: Send + 'static> tower::Service<http::Request<Body>> for Front<S> {
@@ -166,6 +180,26 @@ fn local(
     };
     if request.uri().path().starts_with("/cosi.resource.State/") {
         return Box::pin(crate::cosi::server(machined).oneshot(request).map(answer));
+    }
+    if request.uri().path().starts_with("/machine.ImageService/") {
+        return Box::pin(
+            ImageServiceServer::new(machined)
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .oneshot(request)
+                .map(answer),
+        );
+    }
+    if request
+        .uri()
+        .path()
+        .starts_with("/machine.LifecycleService/")
+    {
+        return Box::pin(
+            LifecycleServiceServer::new(machined)
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .oneshot(request)
+                .map(answer),
+        );
     }
     if request.uri().path().starts_with("/cluster.ClusterService/") {
         Box::pin(
@@ -351,6 +385,19 @@ async fn one_to_many(
 }
 
 /// The front services for one node, sharing its machined.
-pub(crate) fn services(machined: Machined) -> (Front<MachineName>, Front<ClusterName>) {
-    (Front::new(machined.clone()), Front::new(machined))
+pub(crate) struct Services {
+    pub machine: Front<MachineName>,
+    pub cluster: Front<ClusterName>,
+    pub image: Front<ImageName>,
+    pub lifecycle: Front<LifecycleName>,
+}
+
+/// The front services for one node, sharing its machined.
+pub(crate) fn services(machined: Machined) -> Services {
+    Services {
+        machine: Front::new(machined.clone()),
+        cluster: Front::new(machined.clone()),
+        image: Front::new(machined.clone()),
+        lifecycle: Front::new(machined),
+    }
 }

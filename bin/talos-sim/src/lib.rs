@@ -52,6 +52,7 @@ mod machined;
 mod machined_apply;
 mod machined_etcd;
 mod machined_streams;
+mod machined_upgrade;
 mod maintenance;
 pub mod node;
 pub mod pki;
@@ -63,6 +64,7 @@ mod strict;
 mod supervisor;
 mod textdiff;
 pub mod tls;
+pub mod upgrade_state;
 mod validate;
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
@@ -70,6 +72,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use cluster::{Cluster, NodeInfo};
+pub use upgrade_state::UpgradeFault;
 
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]

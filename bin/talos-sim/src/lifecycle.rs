@@ -57,6 +57,13 @@ pub(crate) async fn reboot(shared: &Arc<Shared>, node: &Arc<Node>, actor: &str) 
     ] {
         publish::phase_with_task(log, phase, task, actor);
     }
+    go_down(shared, node).await;
+}
+
+/// The end of a reboot-like sequence: the API serves its last events, then
+/// the node goes down for the boot delay and takes its persisted (or
+/// staged) configuration.
+async fn go_down(shared: &Arc<Shared>, node: &Arc<Node>) {
     tokio::time::sleep(EVENTS_GRACE).await;
     node.set_front(None);
     node.set_power(Power::Rebooting);
@@ -71,6 +78,75 @@ pub(crate) async fn reboot(shared: &Arc<Shared>, node: &Arc<Node>, actor: &str) 
             state.active = persisted;
         }
         state.rebooting = false;
+    }
+}
+
+/// The legacy upgrade's sequence (runtime/v1alpha1/v1alpha1_sequencer.go
+/// upstream: Upgrade, or StageUpgrade with `stage`, which installs on the
+/// way up instead): its phases and tasks under the call's actor id, the
+/// install of `target` on the other boot partition, then down for the
+/// boot delay like a reboot. etcd stops with the node and keeps its data:
+/// the node comes back as the same member.
+pub(crate) async fn upgrade(
+    shared: &Arc<Shared>,
+    node: &Arc<Node>,
+    target: super::TalosVersion,
+    stage: bool,
+    actor: &str,
+) {
+    let log = &node.runtime_events;
+    let sequence = if stage { "stageUpgrade" } else { "upgrade" };
+    publish::sequence(log, sequence, true, "", actor);
+    publish::stage(log, MachineStage::Upgrading, false, actor);
+    let mut phases = Vec::new();
+    if !stage {
+        phases.push(("drain", "cordonAndDrainNode"));
+    }
+    phases.extend([
+        ("cleanup", "stopAllPods"),
+        ("dbus", "stopDBus"),
+        ("stopServices", "stopServicesEphemeral"),
+        (if stage { "umount" } else { "unmount" }, "unmountPodMounts"),
+        ("unmountBind", "unmountSystemDiskBindMounts"),
+        ("unmountSystem", "unmountEphemeralPartition"),
+        ("volumeFinalize", "teardownVolumeLifecycle"),
+    ]);
+    if !stage {
+        phases.extend([("upgrade", "upgrade"), ("meta", "reloadMeta")]);
+    }
+    phases.extend([
+        ("kexec", "kexecPrepare"),
+        ("stopEverything", "stopAllServices"),
+        ("reboot", "reboot"),
+    ]);
+    for (phase, task) in phases {
+        publish::phase_with_task(log, phase, task, actor);
+    }
+    node.upgrade.install(target);
+    go_down(shared, node).await;
+}
+
+/// At boot, after going down: the boot loader picks the partition an
+/// upgrade installed, if any, unless a fault armed for the upgrade says
+/// otherwise. False when the node does not come back at all (it stays off).
+pub(crate) fn switch_partition(node: &Node) -> bool {
+    let Some(target) = node.upgrade.take_installed() else {
+        return true;
+    };
+    match node.upgrade.take_fault() {
+        Some(super::upgrade_state::UpgradeFault::NeverComesBack) => {
+            tracing::info!(node = %node.name, "upgrade fault: the node never comes back");
+            node.set_power(Power::Off);
+            false
+        }
+        Some(super::upgrade_state::UpgradeFault::BootsOldPartition) => {
+            tracing::info!(node = %node.name, "upgrade fault: the old partition boots");
+            true
+        }
+        _ => {
+            node.set_talos_version(target);
+            true
+        }
     }
 }
 

@@ -34,7 +34,7 @@ fn one<T>(message: T) -> Result<Response<T>, Status> {
     Ok(Response::new(message))
 }
 
-fn actor_id() -> String {
+pub(crate) fn actor_id() -> String {
     let a = super::random_u64();
     let b = super::random_u64();
     format!(
@@ -277,6 +277,13 @@ impl MachineService for Machined {
                 actor_id: actor,
             }],
         })
+    }
+
+    async fn upgrade(
+        &self,
+        request: Request<machine::UpgradeRequest>,
+    ) -> Result<Response<machine::UpgradeResponse>, Status> {
+        super::machined_upgrade::legacy(self, request).await
     }
 
     async fn shutdown(

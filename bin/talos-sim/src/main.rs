@@ -43,6 +43,12 @@ enum Fault {
     /// Make the node's next EtcdLeaveCluster land only after `--delay-secs`,
     /// even when the caller gave up by then.
     DelayLeave,
+    /// Make the node's next upgrade boot its old partition: it comes back,
+    /// with a new boot id, on the version it ran before.
+    UpgradeBootsOldPartition,
+    /// Make the node's next upgrade never come back: it goes down and stays
+    /// down.
+    UpgradeNeverComesBack,
 }
 
 #[derive(Subcommand)]
@@ -189,6 +195,14 @@ async fn main() -> std::process::ExitCode {
                 Fault::DelayLeave => Request::DelayLeave {
                     node,
                     millis: delay_secs.saturating_mul(1000),
+                },
+                Fault::UpgradeBootsOldPartition => Request::FailNextUpgrade {
+                    node,
+                    fault: talos_sim::UpgradeFault::BootsOldPartition,
+                },
+                Fault::UpgradeNeverComesBack => Request::FailNextUpgrade {
+                    node,
+                    fault: talos_sim::UpgradeFault::NeverComesBack,
                 },
             };
             let node = node_name;

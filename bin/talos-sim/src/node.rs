@@ -126,6 +126,12 @@ pub struct Node {
     pub(crate) timing: super::TalosTiming,
     /// The Talos release the node runs.
     version: Mutex<super::TalosVersion>,
+    /// etcd's data directory once an upgrade moved the node to a release
+    /// that would look elsewhere: the data stays where it was.
+    etcd_dir_pin: Mutex<Option<PathBuf>>,
+    /// Images pulled, the version installed for the next boot, and the
+    /// fault armed for the next upgrade.
+    pub(crate) upgrade: super::upgrade_state::UpgradeState,
     /// machined's runtime events (Events).
     pub(crate) runtime_events: super::events::EventLog,
     /// The kernel's messages since boot (Dmesg).
@@ -166,6 +172,15 @@ pub(crate) enum Action {
         reboot: bool,
         labels: Vec<String>,
         by_spec: bool,
+        actor: String,
+    },
+    /// The legacy upgrade (MachineService.Upgrade): the upgrade sequence
+    /// (`stage`: the staged one, which installs on the way up) with
+    /// `target` installed for the boot that follows, unless a fault armed
+    /// for the upgrade says otherwise.
+    Upgrade {
+        target: super::TalosVersion,
+        stage: bool,
         actor: String,
     },
     /// Shutdown: the node powers off.
@@ -229,6 +244,8 @@ impl Node {
             etcd_health: super::etcd_health::EtcdHealth::new(),
             timing: layout.timing,
             version: Mutex::new(layout.version),
+            etcd_dir_pin: Mutex::new(None),
+            upgrade: super::upgrade_state::UpgradeState::default(),
             runtime_events: super::events::EventLog::new(),
             kmsg: Mutex::new(Vec::new()),
             sequence_lock: tokio::sync::Mutex::new(()),
@@ -261,6 +278,9 @@ impl Node {
     /// etcd's data directory: on EPHEMERAL up to Talos 1.13, on the
     /// `ETCD` volume from 1.14.
     pub fn etcd_data_dir(&self) -> PathBuf {
+        if let Some(pinned) = self.etcd_dir_pin.lock().expect("etcd dir lock").clone() {
+            return pinned;
+        }
         if self.talos_version().at_least_1_14() {
             self.volume("ETCD").join("etcd")
         } else {
@@ -271,6 +291,24 @@ impl Node {
     /// The Talos release the node runs.
     pub fn talos_version(&self) -> super::TalosVersion {
         *self.version.lock().expect("version lock")
+    }
+
+    /// Boots `version` from now on (an upgrade's boot). etcd's data stays
+    /// where it is: a 1.13 node upgraded to 1.14 keeps it in a directory on
+    /// EPHEMERAL (volumeconfig/system_volumes.go upstream creates the ETCD
+    /// volume only for new installs).
+    pub(crate) fn set_talos_version(&self, version: super::TalosVersion) {
+        let current = self.etcd_data_dir();
+        if current.join("member").exists() {
+            *self.etcd_dir_pin.lock().expect("etcd dir lock") = Some(current);
+        }
+        *self.version.lock().expect("version lock") = version;
+    }
+
+    /// Arms `fault` for this node's next upgrade: the boot into the new
+    /// version falls back to the old one, or never happens.
+    pub fn fail_next_upgrade(&self, fault: super::upgrade_state::UpgradeFault) {
+        self.upgrade.arm(fault);
     }
 
     /// Where the persisted machine configuration lives (on STATE).

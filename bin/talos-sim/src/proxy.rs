@@ -33,6 +33,8 @@ pub(crate) fn method_kind(path: &str) -> MethodKind {
         "/machine.MachineService/EtcdSnapshot"
         | "/machine.MachineService/Read"
         | "/machine.MachineService/Kubeconfig"
+        | "/machine.ImageService/Pull"
+        | "/machine.LifecycleService/Upgrade"
         | "/cluster.ClusterService/HealthCheck" => MethodKind::ServerStreaming,
         "/machine.MachineService/EtcdRecover" => MethodKind::ClientStreaming,
         _ => MethodKind::Unary,

@@ -50,7 +50,23 @@ async fn run(shared: Weak<Shared>, node: Arc<Node>, action: Action) {
                 return;
             };
             lifecycle::reboot(&shared, &node, &actor).await;
-            boot(&shared, &node).await;
+            if lifecycle::switch_partition(&node) {
+                boot(&shared, &node).await;
+            }
+        }
+        Action::Upgrade {
+            target,
+            stage,
+            actor,
+        } => {
+            let name = if stage { "stageUpgrade" } else { "upgrade" };
+            let Some(_sequence) = lifecycle::lock_sequence(&node, name) else {
+                return;
+            };
+            lifecycle::upgrade(&shared, &node, target, stage, &actor).await;
+            if lifecycle::switch_partition(&node) {
+                boot(&shared, &node).await;
+            }
         }
         Action::Reset {
             graceful,
@@ -132,10 +148,12 @@ async fn start_front(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), SimEr
         node: node.clone(),
         shared: shared.clone(),
     };
-    let (machine_front, cluster_front) = crate::front::services(machined.clone());
+    let fronts = crate::front::services(machined.clone());
     let incoming = tls_incoming(listener, node.api_tls(), token.clone());
-    let routes = tonic::service::Routes::new(machine_front)
-        .add_service(cluster_front)
+    let routes = tonic::service::Routes::new(fronts.machine)
+        .add_service(fronts.cluster)
+        .add_service(fronts.image)
+        .add_service(fronts.lifecycle)
         .add_service(crate::cosi::front(machined));
     tokio::spawn(serve_http2(incoming, routes, token));
     node.set_power(Power::On);

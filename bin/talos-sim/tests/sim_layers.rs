@@ -20,12 +20,14 @@ const LAYERS: &[(&str, u8)] = &[
     ("machined", 3),
     ("machined_apply", 3),
     ("machined_streams", 3),
+    ("machined_upgrade", 3),
     ("maintenance", 3),
     ("health", 3),
     ("cosi_state", 2),
     ("machined_etcd", 1),
     ("shared", 0),
     ("node", 0),
+    ("upgrade_state", 0),
 ];
 
 fn layer(module: &str) -> Option<u8> {

@@ -84,6 +84,8 @@ pub struct ClusterConfig {
     pub snapshots: Option<SnapshotSchedule>,
     /// Scheduled restore drills; none when absent.
     pub drills: Option<DrillSchedule>,
+    /// Scheduled defragmentations; none when absent.
+    pub defrag: Option<DefragSchedule>,
 }
 
 /// When and where to take a cluster's snapshots, and what to keep.
@@ -167,6 +169,39 @@ impl DrillSchedule {
     }
 }
 
+/// Scheduled defragmentation of a cluster's etcd members (`ops defrag`):
+/// at each time, the members whose in-use share of their database file is
+/// below the threshold, one at a time, the leader last after a forfeit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefragSchedule {
+    /// Time between runs; or `cron`.
+    pub interval: Option<HumanDuration>,
+    /// A cron expression, evaluated in UTC (`0 3 * * 0`); or `interval`.
+    pub cron: Option<CronSchedule>,
+    /// In-use share below which a member is defragmented, in (0, 1]
+    /// (default: `ops defrag`'s, 0.5).
+    pub threshold: Option<f64>,
+    /// Defragment every member at each run, whatever its share in use.
+    #[serde(default)]
+    pub all: bool,
+    /// Each run starts up to this much later than its schedule says, at
+    /// random.
+    pub jitter: Option<HumanDuration>,
+}
+
+impl DefragSchedule {
+    /// The defragmentation each run plans.
+    pub fn defrag_options(&self) -> talos_client::ops::DefragOptions {
+        let mut options = talos_client::ops::DefragOptions::new();
+        if let Some(threshold) = self.threshold {
+            options.threshold = threshold;
+        }
+        options.all = self.all;
+        options
+    }
+}
+
 /// A parsed cron expression.
 #[derive(Debug, Clone)]
 pub struct CronSchedule(pub croner::Cron);
@@ -195,6 +230,15 @@ pub trait Cadence {
 }
 
 impl Cadence for SnapshotSchedule {
+    fn interval(&self) -> Option<HumanDuration> {
+        self.interval
+    }
+    fn cron(&self) -> Option<&CronSchedule> {
+        self.cron.as_ref()
+    }
+}
+
+impl Cadence for DefragSchedule {
     fn interval(&self) -> Option<HumanDuration> {
         self.interval
     }
@@ -438,6 +482,24 @@ impl Config {
                     invalid(line, at, message)
                 })?;
             }
+            if let Some(defrag) = &cluster.defrag {
+                if defrag.interval.is_some() == defrag.cron.is_some() {
+                    return Err(invalid(
+                        section_line("[cluster.defrag]"),
+                        key("defrag"),
+                        "give exactly one of interval and cron".into(),
+                    ));
+                }
+                if let Some(t) = defrag.threshold
+                    && !(t > 0.0 && t <= 1.0)
+                {
+                    return Err(invalid(
+                        line_in_cluster("threshold"),
+                        key("defrag.threshold"),
+                        format!("{t} is not an in-use share in (0, 1]"),
+                    ));
+                }
+            }
             let tc_line = line_in_cluster("talosconfig");
             let context = TalosConfig::read(&cluster.talosconfig)
                 .and_then(|tc| {
@@ -659,6 +721,35 @@ mod tests {
             (4, "cluster[0].snapshots"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn defrag_schedules() {
+        let text = "[[cluster]]\nname = \"a\"\ntalosconfig = \"/x\"\n[cluster.defrag]\ncron = \"0 3 * * 0\"\nthreshold = 0.3\n";
+        let config: Config = toml::from_str(text).unwrap();
+        let options = config.clusters[0].defrag.as_ref().unwrap().defrag_options();
+        assert_eq!((options.threshold, options.all), (0.3, false));
+        let default = text.replace("threshold = 0.3\n", "all = true\n");
+        let config: Config = toml::from_str(&default).unwrap();
+        let options = config.clusters[0].defrag.as_ref().unwrap().defrag_options();
+        assert_eq!(
+            (options.threshold, options.all),
+            (talos_client::ops::DefragOptions::DEFAULT_THRESHOLD, true)
+        );
+        for bad in ["0.0", "1.5", "-0.2", "nan"] {
+            let (line, key, message) = err(&text.replace("0.3", bad));
+            assert_eq!(
+                (line, key.as_str()),
+                (6, "cluster[0].defrag.threshold"),
+                "{bad}: {message}"
+            );
+            assert!(message.contains("(0, 1]"), "{message}");
+        }
+        let both = text.replace("cron =", "interval = \"1d\"\ncron =");
+        let (line, key, message) = err(&both);
+        assert_eq!((line, key.as_str()), (4, "cluster[0].defrag"), "{message}");
+        let (_, key, _) = err(&text.replace("threshold", "treshold"));
+        assert_eq!(key, "cluster[0].defrag.treshold");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::manager::{Manager, fingerprint_of};
-use crate::metrics::Metrics;
+use crate::metrics::{DefragMemberResult, Metrics};
 
 /// How long its steps ran, each step's own duration added up: the time an
 /// interrupted operation waited for its resume is not counted.
@@ -48,6 +48,43 @@ fn snapshot_size(record: &OpRecord) -> Option<u64> {
     Some(meta.report.size)
 }
 
+/// When the last step of `record` that ran ended (Unix seconds).
+fn ended_at(record: &OpRecord) -> Option<f64> {
+    let finished = record
+        .steps
+        .iter()
+        .rev()
+        .find_map(|s| s.finished.as_deref())?;
+    let at = OffsetDateTime::parse(finished, &Rfc3339).ok()?;
+    Some(at.unix_timestamp_nanos() as f64 / 1e9)
+}
+
+/// The members a defragmentation gave space back from, from its facts,
+/// with the duration of each one's `defrag` step.
+fn defragmented(record: &OpRecord) -> Vec<DefragMemberResult> {
+    let Some(members) = record.facts["members"].as_array() else {
+        return Vec::new();
+    };
+    members
+        .iter()
+        .filter_map(|m| {
+            let after = m["db_size_after"].as_i64()?;
+            let address = m["address"].as_str().unwrap_or_default();
+            let took = record
+                .steps
+                .iter()
+                .find(|s| s.name == "defrag" && s.node.as_deref() == Some(address))
+                .and_then(|s| s.duration_ms)
+                .map(Duration::from_millis);
+            Some(DefragMemberResult {
+                member: m["hostname"].as_str().unwrap_or(address).to_string(),
+                reclaimed: m["db_size"].as_i64()? - after,
+                took,
+            })
+        })
+        .collect()
+}
+
 /// Counts operation `record` of `cluster`, ended with `result` (its state,
 /// or `parked`), into `metrics`.
 pub fn record(metrics: &Metrics, cluster: &str, record: &OpRecord, result: &str) {
@@ -65,6 +102,18 @@ pub fn record(metrics: &Metrics, cluster: &str, record: &OpRecord, result: &str)
             }
             OpState::Running => {}
             _ => metrics.drill_failed(cluster),
+        }
+        return;
+    }
+    if record.kind == talos_client::ops::OpKind::Defrag.name() {
+        match record.state {
+            OpState::Succeeded => {
+                if let Some(at) = ended_at(record) {
+                    metrics.defrag_succeeded(cluster, at, &defragmented(record));
+                }
+            }
+            OpState::Running => {}
+            _ => metrics.defrag_failed(cluster),
         }
         return;
     }

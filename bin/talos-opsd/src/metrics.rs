@@ -3,7 +3,9 @@
 //! duration, the last successful snapshot's time, size and duration per
 //! cluster, snapshot failures, the last leave-to-reset gap, and restore
 //! drills: the last passed drill's time, duration and revision, and the
-//! drills that failed.
+//! drills that failed; and defragmentations: the last successful one's time
+//! and bytes given back, each member's bytes and duration in it, and the
+//! defragmentations that failed.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -35,6 +37,24 @@ struct ClusterLabels {
     cluster: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberLabels {
+    cluster: String,
+    member: String,
+}
+
+/// One member's part in a defragmentation: its hostname, the bytes it gave
+/// back and how long its step ran.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DefragMemberResult {
+    /// The member's hostname.
+    pub member: String,
+    /// Bytes its database file shrank by.
+    pub reclaimed: i64,
+    /// How long its defragmentation step ran (wait for health included).
+    pub took: Option<Duration>,
+}
+
 type F64Gauge = Gauge<f64, AtomicU64>;
 
 /// The daemon's metrics; cheap to clone.
@@ -52,6 +72,11 @@ pub struct Metrics {
     drill_duration: Family<ClusterLabels, F64Gauge>,
     drill_revision: Family<ClusterLabels, Gauge>,
     drill_failures: Family<ClusterLabels, Counter>,
+    defrag_time: Family<ClusterLabels, F64Gauge>,
+    defrag_reclaimed: Family<ClusterLabels, Gauge>,
+    defrag_member_reclaimed: Family<MemberLabels, Gauge>,
+    defrag_member_duration: Family<MemberLabels, F64Gauge>,
+    defrag_failures: Family<ClusterLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -132,6 +157,36 @@ impl Metrics {
             "Restore drills that failed or could not start",
             drill_failures.clone(),
         );
+        let defrag_time = Family::<ClusterLabels, F64Gauge>::default();
+        let defrag_reclaimed = Family::<ClusterLabels, Gauge>::default();
+        let defrag_member_reclaimed = Family::<MemberLabels, Gauge>::default();
+        let defrag_member_duration = Family::<MemberLabels, F64Gauge>::default();
+        let defrag_failures = Family::<ClusterLabels, Counter>::default();
+        registry.register(
+            "defrag_last_success_timestamp_seconds",
+            "When the last defragmentation that succeeded ended, whether or not a member needed one (Unix time)",
+            defrag_time.clone(),
+        );
+        registry.register(
+            "defrag_last_reclaimed_bytes",
+            "Bytes the last successful defragmentation that defragmented a member gave back, all members",
+            defrag_reclaimed.clone(),
+        );
+        registry.register(
+            "defrag_member_reclaimed_bytes",
+            "Bytes each member gave back in the last defragmentation that included it",
+            defrag_member_reclaimed.clone(),
+        );
+        registry.register(
+            "defrag_member_duration_seconds",
+            "How long each member's defragmentation step ran, the last time it had one",
+            defrag_member_duration.clone(),
+        );
+        registry.register(
+            "defrag_failures",
+            "Defragmentations that failed or could not start",
+            defrag_failures.clone(),
+        );
         Metrics {
             registry: Arc::new(Mutex::new(registry)),
             operations,
@@ -145,6 +200,11 @@ impl Metrics {
             drill_duration,
             drill_revision,
             drill_failures,
+            defrag_time,
+            defrag_reclaimed,
+            defrag_member_reclaimed,
+            defrag_member_duration,
+            defrag_failures,
         }
     }
 
@@ -209,6 +269,46 @@ impl Metrics {
     /// A restore drill failed (or could not start).
     pub fn drill_failed(&self, cluster: &str) {
         self.drill_failures
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.into(),
+            })
+            .inc();
+    }
+
+    /// A defragmentation succeeded at `at` (Unix seconds); `members` are
+    /// those it defragmented (none when no member needed it).
+    pub fn defrag_succeeded(&self, cluster: &str, at: f64, members: &[DefragMemberResult]) {
+        let labels = ClusterLabels {
+            cluster: cluster.into(),
+        };
+        self.defrag_time.get_or_create(&labels).set(at);
+        // A run that found no member to defragment leaves the last
+        // reclaimed figures as they were.
+        if members.is_empty() {
+            return;
+        }
+        self.defrag_reclaimed
+            .get_or_create(&labels)
+            .set(members.iter().map(|m| m.reclaimed).sum());
+        for m in members {
+            let labels = MemberLabels {
+                cluster: cluster.into(),
+                member: m.member.clone(),
+            };
+            self.defrag_member_reclaimed
+                .get_or_create(&labels)
+                .set(m.reclaimed);
+            if let Some(took) = m.took {
+                self.defrag_member_duration
+                    .get_or_create(&labels)
+                    .set(took.as_secs_f64());
+            }
+        }
+    }
+
+    /// A defragmentation failed (or could not start).
+    pub fn defrag_failed(&self, cluster: &str) {
+        self.defrag_failures
             .get_or_create(&ClusterLabels {
                 cluster: cluster.into(),
             })

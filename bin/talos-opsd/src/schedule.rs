@@ -1,5 +1,6 @@
-//! Scheduled work, per cluster: a verified snapshot (`[cluster.snapshots]`)
-//! and a restore drill of the newest off-host backup (`[cluster.drills]`),
+//! Scheduled work, per cluster: a verified snapshot (`[cluster.snapshots]`),
+//! a restore drill of the newest off-host backup (`[cluster.drills]`) and a
+//! defragmentation of the members that need one (`[cluster.defrag]`),
 //! each every interval or at each cron time, through the same operations
 //! as the API (so they are journaled, counted in the metrics, and refused
 //! while another operation holds the cluster). A failed or refused tick is
@@ -41,6 +42,14 @@ pub fn start(manager: &Arc<Manager>, generation: &Arc<AtomicU64>) {
             let spec = OpSpec::Drill(options);
             let name = name.clone();
             every(manager, generation, drills, None, move |manager| {
+                tick(manager, name.clone(), spec.clone())
+            });
+        }
+        if let Some(defrag) = cluster.config.defrag.clone() {
+            let jitter = defrag.jitter.map(|j| j.0);
+            let spec = OpSpec::Defrag(defrag.defrag_options());
+            let name = name.clone();
+            every(manager, generation, defrag, jitter, move |manager| {
                 tick(manager, name.clone(), spec.clone())
             });
         }
@@ -127,6 +136,8 @@ async fn tick(manager: Arc<Manager>, cluster: String, spec: OpSpec) {
                 manager.metrics.snapshot_failed(&cluster);
             } else if kind == OpKind::Drill.name() {
                 manager.metrics.drill_failed(&cluster);
+            } else if kind == OpKind::Defrag.name() {
+                manager.metrics.defrag_failed(&cluster);
             }
             tracing::warn!(
                 cluster,

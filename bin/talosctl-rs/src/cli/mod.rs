@@ -33,6 +33,7 @@ mod opsd_client;
 pub mod reset;
 pub mod snapshot;
 pub mod table;
+pub mod upgrade;
 
 use std::path::PathBuf;
 
@@ -108,6 +109,8 @@ pub enum Command {
     ApplyConfig(apply::ApplyArgs),
     /// Reset a node.
     Reset(reset::ResetArgs),
+    /// Upgrade Talos on the target nodes.
+    Upgrade(upgrade::UpgradeArgs),
     /// Check the cluster's health (server-side checks, streamed).
     Health(health::HealthArgs),
     /// Download the admin kubeconfig from a control-plane node.
@@ -133,6 +136,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Get(args) => get::run(&global, args).await,
         Command::ApplyConfig(args) => apply::run(&global, args).await,
         Command::Reset(args) => reset::run(&global, args).await,
+        Command::Upgrade(args) => upgrade::run(&global, args).await,
         Command::Health(args) => health::run(&global, args).await,
         Command::Kubeconfig(args) => kubeconfig::run(&global, args).await,
         Command::Ops(args) => ops::run(&global, args).await,

@@ -167,3 +167,84 @@ async fn a_defrag_killed_in_flight_is_resumed_to_the_end() {
     );
     assert_eq!(f.voters(1).await, ["cp-1", "cp-2", "cp-3"]);
 }
+
+/// etcd's quota really exceeded (a 4 MiB quota filled up): NOSPACE is
+/// raised and writes are refused. After the data is deleted and compacted,
+/// `ops defrag --all` rewrites every member and only then disarms the
+/// alarm, as its last step; writes are accepted again and the alarm stays
+/// off (a disarm before the space was given back would see it raised again).
+#[tokio::test]
+async fn a_nospace_alarm_is_disarmed_only_after_the_defrag_that_freed_space() {
+    use talos_client::client::AlarmType;
+    let f = Fixture {
+        sim: talos_test_support::sim::SimCluster::start_with(3, |c| {
+            c.quota_backend_bytes = 4 << 20
+        })
+        .await,
+        state: tempfile::tempdir().unwrap(),
+    };
+    let mut written = 0;
+    let refused = loop {
+        match f
+            .sim
+            .cluster
+            .fill(&format!("/talos-sim/fill/{written:04}-"), 1, 64 << 10)
+            .await
+        {
+            Ok(()) => written += 1,
+            Err(e) => break e.to_string(),
+        }
+        assert!(written < 200, "4 MiB quota never exceeded");
+    };
+    assert!(refused.contains("space exceeded"), "{refused}");
+    let admin = f.sim.admin();
+    let alarms = admin.node(f.sim.ip(1)).etcd_alarm_list().await.unwrap();
+    assert!(
+        alarms.iter().any(|a| a.alarm == AlarmType::Nospace),
+        "{alarms:?}"
+    );
+    // Deletes and compaction are what etcd still accepts under NOSPACE.
+    assert!(f.sim.cluster.clear("/talos-sim/fill/").await.unwrap() >= written);
+
+    let result = f.ops(&["--yes", "defrag", "--all"]).await.ok().json();
+    assert_eq!(result["state"], "succeeded", "{result}");
+    let names: Vec<&str> = result["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["check", "defrag", "defrag", "forfeit", "defrag", "disarm"],
+        "the disarm comes after every defragmentation: {result}"
+    );
+    for m in result["facts"]["members"].as_array().unwrap() {
+        let (size, after) = (
+            m["db_size"].as_i64().unwrap(),
+            m["db_size_after"].as_i64().unwrap(),
+        );
+        assert!(after < size / 2, "{m}");
+    }
+    assert!(
+        admin
+            .node(f.sim.ip(1))
+            .etcd_alarm_list()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    f.sim
+        .cluster
+        .fill("/talos-sim/after/", 1, 1024)
+        .await
+        .expect("writes are accepted again");
+    assert!(
+        admin
+            .node(f.sim.ip(2))
+            .etcd_alarm_list()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -249,3 +249,69 @@ async fn a_two_member_cluster_refuses_an_unforced_upgrade() {
         .expect("forced upgrades skip the check");
     assert_eq!(back_from_boot(&sim, 2, &boot).await, "v1.14.0");
 }
+
+/// The type and name of an event, and its action (`sequence upgrade
+/// START`), or its stage.
+fn describe(event: &talos_client::api::machine::Event) -> String {
+    use prost::Message as _;
+    use talos_client::api::machine;
+    let data = event.data.clone().unwrap_or_default();
+    let value = data.value.as_slice();
+    match data.type_url.as_str() {
+        "talos/runtime/machine.SequenceEvent" => {
+            let e = machine::SequenceEvent::decode(value).unwrap();
+            format!("sequence {} {}", e.sequence, e.action().as_str_name())
+        }
+        "talos/runtime/machine.PhaseEvent" => {
+            let e = machine::PhaseEvent::decode(value).unwrap();
+            format!("phase {} {}", e.phase, e.action().as_str_name())
+        }
+        "talos/runtime/machine.MachineStatusEvent" => {
+            let e = machine::MachineStatusEvent::decode(value).unwrap();
+            format!("stage {}", e.stage().as_str_name())
+        }
+        other => other.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn a_watch_sees_the_upgrade_sequence_under_the_calls_actor() {
+    let sim = SimCluster::start(1).await;
+    let node = sim.admin().node(sim.ip(1));
+    let mut stream = node
+        .machine_service()
+        .await
+        .unwrap()
+        .events(talos_client::api::machine::EventsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    stream.next().await.unwrap().unwrap();
+    let ack = node
+        .upgrade_legacy(&UpgradeRequest::new(TARGET))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(Ok(event)) = stream.next().await {
+            assert_eq!(event.actor_id, ack.actor_id, "{}", describe(&event));
+            seen.push(describe(&event));
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the stream ends when the node goes down: {seen:?}"
+    );
+    for expected in [
+        "sequence upgrade START",
+        "stage UPGRADING",
+        "phase upgrade STOP",
+        "phase reboot START",
+    ] {
+        assert!(
+            seen.contains(&expected.to_string()),
+            "{expected} in {seen:?}"
+        );
+    }
+}

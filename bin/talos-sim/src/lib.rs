@@ -227,6 +227,11 @@ pub struct TalosTiming {
     pub health_period: Duration,
     /// The etcd service's health check: the deadline of one check.
     pub health_timeout: Duration,
+    /// ImageService.Pull from 1.14: the unit of the exponential backoff
+    /// between attempts to pull an image the registry does not have
+    /// (internal/pkg/containers/image: PullRetryInterval, five retries
+    /// after the first "not found"; 1.13.9 asks for none).
+    pub image_pull_retry_unit: Duration,
 }
 
 impl TalosTiming {
@@ -254,6 +259,7 @@ impl TalosTiming {
         health_initial_delay: Duration::from_secs(5),
         health_period: Duration::from_secs(20),
         health_timeout: Duration::from_secs(15),
+        image_pull_retry_unit: Duration::from_secs(5),
     };
 
     /// Upstream's schedule with every duration divided by `divisor` (at
@@ -276,6 +282,7 @@ impl TalosTiming {
             health_initial_delay: up.health_initial_delay / d,
             health_period: up.health_period / d,
             health_timeout: up.health_timeout / d,
+            image_pull_retry_unit: up.image_pull_retry_unit / d,
         }
     }
 }

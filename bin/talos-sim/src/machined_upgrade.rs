@@ -109,6 +109,16 @@ async fn validate_etcd(machined: &Machined) -> Result<(), String> {
     Ok(())
 }
 
+/// How long 1.14 keeps trying an image the registry does not have before
+/// it answers NotFound: five retries after the first failure, paced by
+/// go-retry's exponential ticker (`units * floor((2^c - 1) / 2)` for
+/// c = 1, 2, ...: 0, 1, 3, 7 and 15 units). 1.13.9's handler allows no
+/// retry (images.go, WithMaxNotFoundRetries(0)); 1.14 dropped that option,
+/// so the default of five applies (internal/pkg/containers/image).
+fn not_found_backoff(unit: Duration) -> Duration {
+    [0, 1, 3, 7, 15].iter().map(|n| unit * *n).sum()
+}
+
 /// What containerd's resolver says of a reference no registry holds.
 fn not_found(image: &str) -> String {
     format!("failed to resolve reference {image:?}: {image}: not found")
@@ -135,6 +145,9 @@ impl ImageService for Machined {
         authorize(&request, "Pull")?;
         let image = request.into_inner().image_ref;
         let Some(version) = image_version(&image) else {
+            if self.node.talos_version().at_least_1_14() {
+                tokio::time::sleep(not_found_backoff(self.node.timing.image_pull_retry_unit)).await;
+            }
             return Err(Status::not_found(format!(
                 "error pulling image: {}",
                 not_found(&image)

@@ -315,3 +315,31 @@ async fn a_watch_sees_the_upgrade_sequence_under_the_calls_actor() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_1_14_node_retries_a_missing_image_before_not_found() {
+    let unit = Duration::from_millis(40);
+    let sim = SimCluster::start_with(1, |cfg| {
+        cfg.talos_version = talos_sim::TalosVersion::V1_14_0;
+        cfg.timing = talos_sim::TalosTiming {
+            image_pull_retry_unit: unit,
+            ..talos_sim::TalosTiming::scaled_down(10)
+        };
+    })
+    .await;
+    let target = sim.admin().node(sim.ip(1));
+    let started = std::time::Instant::now();
+    let missing = "ghcr.io/siderolabs/installer:v9.9.9";
+    match target.pull_image(missing, ImageNamespace::System).await {
+        Err(Error::NotFound(f)) => assert!(f.message.contains("error pulling image"), "{f}"),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    // 0 + 1 + 3 + 7 + 15 units of backoff went by first.
+    assert!(started.elapsed() >= unit * 26, "{:?}", started.elapsed());
+    // The upgrade paths themselves are served as on 1.13.9.
+    let name = target
+        .pull_image(TARGET, ImageNamespace::System)
+        .await
+        .unwrap();
+    assert!(name.contains("@sha256:"), "{name}");
+}

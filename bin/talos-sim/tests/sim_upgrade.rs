@@ -343,3 +343,40 @@ async fn a_1_14_node_retries_a_missing_image_before_not_found() {
         .unwrap();
     assert!(name.contains("@sha256:"), "{name}");
 }
+
+#[tokio::test]
+async fn a_staged_upgrade_runs_the_stage_sequence_and_boots_the_target() {
+    let sim = SimCluster::start(1).await;
+    let node = sim.admin().node(sim.ip(1));
+    let mut stream = node
+        .machine_service()
+        .await
+        .unwrap()
+        .events(talos_client::api::machine::EventsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    stream.next().await.unwrap().unwrap();
+    let boot = sim.cluster.node("cp-1").unwrap().boot_id();
+    node.upgrade_legacy(&UpgradeRequest::new(TARGET).with_stage(true))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(Ok(event)) = stream.next().await {
+            seen.push(describe(&event));
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "{seen:?}");
+    assert!(
+        seen.contains(&"sequence stageUpgrade START".to_string()),
+        "{seen:?}"
+    );
+    // The install happens on the way up, not in the sequence.
+    assert!(
+        !seen.contains(&"phase upgrade START".to_string()),
+        "{seen:?}"
+    );
+    assert_eq!(back_from_boot(&sim, 1, &boot).await, "v1.14.0");
+}

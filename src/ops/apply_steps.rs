@@ -521,7 +521,7 @@ impl Ops {
     /// check results are recorded in the `Running` state, and one may come
     /// after the reboot was sent but before the node went down).
     /// The node's boot id, read from the node.
-    async fn boot_id(&self, node: &str) -> Result<String, crate::Error> {
+    pub(super) async fn boot_id(&self, node: &str) -> Result<String, crate::Error> {
         use futures::StreamExt as _;
         let mut stream = self.client.node(node).read(BOOT_ID).await?;
         let mut text = Vec::new();

@@ -326,7 +326,8 @@ impl Ops {
             }
             DefragPhase::Forfeit => {
                 let member = member_at(facts, &step.node, name)?.clone();
-                self.hand_over(&member, name).await
+                self.hand_over(&member.address, &member.hostname, member.member_id, name)
+                    .await
             }
             DefragPhase::Defrag => {
                 let member = member_at(facts, &step.node, name)?.clone();
@@ -366,25 +367,28 @@ impl Ops {
         }
     }
 
-    /// Moves the leadership away from `member` if it leads, and waits
-    /// until another member leads.
-    async fn hand_over(&self, member: &DefragMember, step: &str) -> Result<Outcome, OpsError> {
+    /// Moves the leadership away from member `id` (`hostname` at
+    /// `address`) if it leads, and waits until another member leads.
+    pub(super) async fn hand_over(
+        &self,
+        address: &str,
+        hostname: &str,
+        id: MemberId,
+        step: &str,
+    ) -> Result<Outcome, OpsError> {
         let node = self
             .client
             .with_call_timeout(VOTER_CALL_TIMEOUT)
-            .node(member.address.as_str());
+            .node(address);
         let moved = node.etcd_forfeit_leadership().await?;
         let Some(new) = moved else {
-            return Ok(Outcome::skipped(format!(
-                "{} does not lead now",
-                member.hostname
-            )));
+            return Ok(Outcome::skipped(format!("{hostname} does not lead now")));
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(status) = node.etcd_status().await
                 && status.leader.0 != 0
-                && status.leader != member.member_id
+                && status.leader != id
             {
                 return Ok(Outcome::done(format!("{new} leads now")));
             }

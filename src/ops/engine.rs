@@ -416,6 +416,9 @@ impl Ops {
             (OpSpec::Apply(o), Step::Apply(s), Facts::Apply(f)) => self.apply_step(o, s, f).await,
             (OpSpec::Drill(o), Step::Drill(_), Facts::Drill(f)) => self.drill_step(o, f).await,
             (OpSpec::Defrag(_), Step::Defrag(s), Facts::Defrag(f)) => self.defrag_step(s, f).await,
+            (OpSpec::Upgrade(o), Step::Upgrade(s), Facts::Upgrade(f)) => {
+                self.upgrade_step(o, s, f).await
+            }
             (OpSpec::Restore(o), Step::Restore(s), Facts::Restore(f)) => {
                 self.restore_step(o, *s, f).await
             }

@@ -60,6 +60,7 @@ mod secret_paths;
 mod snapshot;
 mod spec;
 mod stop;
+mod upgrade;
 mod wipe;
 
 use std::path::{Path, PathBuf};
@@ -91,9 +92,10 @@ pub use sa_validation::MachineRole;
 pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep, Tiers, held_snapshots};
 pub use spec::{
     ApplyOptions, DefragOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions,
-    OpKind, OpSpec, RestoreOptions, RetireOptions, SnapshotOptions,
+    OpKind, OpSpec, RestoreOptions, RetireOptions, SnapshotOptions, UpgradeOptions,
 };
 pub use stop::{CancelRefused, StopHandle};
+pub use upgrade::{UpgradeFacts, UpgradeNode, UpgradePhase, UpgradeStep, image_release};
 
 /// Why an operation was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -538,6 +540,7 @@ impl Ops {
             OpSpec::Apply(o) => self.plan_apply(o).await?,
             OpSpec::Drill(o) => self.plan_drill(o).await?,
             OpSpec::Defrag(o) => self.plan_defrag(o).await?,
+            OpSpec::Upgrade(o) => self.plan_upgrade(o).await?,
             OpSpec::Restore(o) => self.plan_restore(o).await?,
         };
         plan.id = id;

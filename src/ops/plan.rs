@@ -17,6 +17,7 @@ use super::migrate::{MigrateFacts, MigrateStep};
 use super::restore::{RestoreFacts, RestoreStep};
 use super::retire::{RetireFacts, RetireStep};
 use super::snapshot::{SnapshotFacts, SnapshotStep};
+use super::upgrade::{UpgradeFacts, UpgradeStep};
 use super::{OpKind, OpSpec, OpsError};
 
 /// What every operation's step enum says about its steps.
@@ -60,6 +61,8 @@ pub enum Step {
     Drill(DrillStep),
     /// A step of a defragmentation.
     Defrag(DefragStep),
+    /// A step of an upgrade.
+    Upgrade(UpgradeStep),
     /// A step of a restore.
     Restore(RestoreStep),
 }
@@ -74,6 +77,7 @@ impl Step {
             Step::Apply(s) => s,
             Step::Drill(s) => s,
             Step::Defrag(s) => s,
+            Step::Upgrade(s) => s,
             Step::Restore(s) => s,
         }
     }
@@ -138,6 +142,8 @@ pub enum Facts {
     Drill(DrillFacts),
     /// A defragmentation's.
     Defrag(DefragFacts),
+    /// An upgrade's.
+    Upgrade(UpgradeFacts),
     /// A restore's.
     Restore(RestoreFacts),
 }

@@ -356,6 +356,33 @@ pub enum Refusal {
         /// Why.
         error: String,
     },
+    /// An upgrade image whose tag names no release, so nothing could tell
+    /// whether a node came back on it.
+    #[error(
+        "{image}: its tag names no Talos release (as in ghcr.io/siderolabs/installer:v1.14.0), so a node's return on it cannot be checked"
+    )]
+    ImageWithoutRelease {
+        /// The image given.
+        image: String,
+    },
+    /// etcd alarms are raised.
+    #[error("etcd alarms are raised: {}", .alarms.join(", "))]
+    AlarmsRaised {
+        /// Each alarm and its member.
+        alarms: Vec<String>,
+    },
+    /// An upgrade step Talos does not support, not accepted knowingly.
+    #[error("{node} runs {from}; going to {to} is refused: {reason}")]
+    UnsupportedStep {
+        /// The node.
+        node: String,
+        /// Its release.
+        from: String,
+        /// The target release.
+        to: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// How to keep the old issuer and audience, on the node's version.

@@ -17,6 +17,7 @@ pub use super::migrate::MigrateOptions;
 pub use super::restore::RestoreOptions;
 pub use super::retire::RetireOptions;
 pub use super::snapshot::SnapshotOptions;
+pub use super::upgrade::UpgradeOptions;
 
 /// One operation with its options: what is planned, journaled and run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,6 +38,8 @@ pub enum OpSpec {
     Drill(DrillOptions),
     /// Defragment etcd's members one at a time, the leader last.
     Defrag(DefragOptions),
+    /// Upgrade the control plane one node at a time, the leader last.
+    Upgrade(UpgradeOptions),
     /// Bring a cluster that lost quorum back from a snapshot.
     Restore(RestoreOptions),
 }
@@ -62,6 +65,8 @@ pub enum OpKind {
     Defrag,
     /// Restore etcd from a snapshot.
     Restore,
+    /// Upgrade Talos on the control plane.
+    Upgrade,
 }
 
 impl OpKind {
@@ -76,6 +81,7 @@ impl OpKind {
             OpKind::Drill => "drill",
             OpKind::Defrag => "defrag",
             OpKind::Restore => "restore",
+            OpKind::Upgrade => "upgrade",
         }
     }
 }
@@ -98,6 +104,7 @@ impl OpSpec {
             OpSpec::Drill(_) => OpKind::Drill,
             OpSpec::Defrag(_) => OpKind::Defrag,
             OpSpec::Restore(_) => OpKind::Restore,
+            OpSpec::Upgrade(_) => OpKind::Upgrade,
         }
     }
 
@@ -111,7 +118,8 @@ impl OpSpec {
             | OpSpec::Migrate(_)
             | OpSpec::Apply(_)
             | OpSpec::Defrag(_)
-            | OpSpec::Restore(_) => true,
+            | OpSpec::Restore(_)
+            | OpSpec::Upgrade(_) => true,
         }
     }
 }
@@ -158,6 +166,7 @@ impl OpSpec {
         let durations: Vec<(&str, Duration)> = match self {
             OpSpec::Snapshot(_) | OpSpec::Drill(_) | OpSpec::Defrag(_) => Vec::new(),
             OpSpec::Restore(o) => vec![("rejoin_timeout", o.rejoin_timeout)],
+            OpSpec::Upgrade(o) => vec![("reboot_timeout", o.reboot_timeout)],
             OpSpec::Retire(o) => vec![("silence_timeout", o.silence_timeout)],
             OpSpec::Join(o) => vec![("timeout", o.timeout)],
             OpSpec::Migrate(o) => vec![

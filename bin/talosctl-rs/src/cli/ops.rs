@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use talos_client::ops::{
     ApplyOptions, DefragOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions,
-    OpSpec, Ops, RestoreOptions, RetireOptions, SnapshotOptions, Tiers,
+    OpSpec, Ops, RestoreOptions, RetireOptions, SnapshotOptions, Tiers, UpgradeOptions,
 };
 use talos_opsd_api::{PlanView, default_state_dir};
 
@@ -201,6 +201,27 @@ pub enum OpsCommand {
         /// Defragment every member considered, whatever its share in use.
         #[arg(long)]
         all: bool,
+    },
+    /// Upgrade Talos on the control plane to the release the image's tag
+    /// names: a verified snapshot, then one node at a time, followers first
+    /// and the leader last (after handing its leadership over); each must
+    /// come back from a new boot on that release, its etcd member a healthy
+    /// voter caught up and its services healthy, before the next is
+    /// touched. -n limits it to those nodes.
+    Upgrade {
+        /// The installer image (ghcr.io/siderolabs/installer:v1.14.0).
+        #[arg(long)]
+        image: String,
+        /// Accept a step of more than one Talos minor release.
+        #[arg(long)]
+        allow_minor_skip: bool,
+        /// Accept a downgrade to an earlier Talos minor release.
+        #[arg(long)]
+        allow_downgrade: bool,
+        /// How long each node may take to come back and pass its gate
+        /// (default 15m).
+        #[arg(long, value_parser = parse_go_duration)]
+        reboot_timeout: Option<Duration>,
     },
     /// Bring a cluster that lost etcd's quorum back from a snapshot, onto
     /// NODE (whose etcd data was wiped): verify, upload, bootstrap with
@@ -440,6 +461,19 @@ impl OpsCommand {
                 set(&mut o.rejoin_timeout, rejoin_timeout);
                 OpSpec::Restore(o)
             }
+            OpsCommand::Upgrade {
+                image,
+                allow_minor_skip,
+                allow_downgrade,
+                reboot_timeout,
+            } => {
+                let mut o = UpgradeOptions::new(image);
+                o.nodes = nodes;
+                o.allow_minor_skip = *allow_minor_skip;
+                o.allow_downgrade = *allow_downgrade;
+                set(&mut o.reboot_timeout, reboot_timeout);
+                OpSpec::Upgrade(o)
+            }
             OpsCommand::Defrag { threshold, all } => {
                 let mut o = DefragOptions::new();
                 o.nodes = nodes;
@@ -485,7 +519,7 @@ pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
     // A defragmentation covers every voter unless -n names some: the
     // talosconfig's default nodes do not narrow it.
     let nodes = match args.command {
-        OpsCommand::Defrag { .. } => global.nodes.clone(),
+        OpsCommand::Defrag { .. } | OpsCommand::Upgrade { .. } => global.nodes.clone(),
         _ => nodes,
     };
     let Some(spec) = args.command.spec(nodes) else {

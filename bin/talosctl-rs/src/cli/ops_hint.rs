@@ -77,6 +77,18 @@ fn refusal_hint(refusal: &Refusal) -> Option<&'static str> {
         Refusal::OutOfBounds { .. } => {
             "give the timeout within the bounds (e.g. --timeout 10m, --try-timeout 2m)"
         }
+        Refusal::UnsupportedStep { reason, .. } if reason.contains("downgrade") => {
+            "upgrade to the same minor release, or pass --allow-downgrade to accept it knowingly"
+        }
+        Refusal::UnsupportedStep { .. } => {
+            "upgrade one minor release at a time, or pass --allow-minor-skip to accept it knowingly"
+        }
+        Refusal::ImageWithoutRelease { .. } => {
+            "name the installer by its release tag (--image ghcr.io/siderolabs/installer:v1.14.0)"
+        }
+        Refusal::AlarmsRaised { .. } => {
+            "clear the alarm first (a NOSPACE alarm: `talosctl-rs ops defrag`)"
+        }
         _ => return None,
     })
 }

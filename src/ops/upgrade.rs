@@ -1,0 +1,730 @@
+//! `upgrade`: moves the control plane to a new Talos release one node at a
+//! time, and counts a node as upgraded only on positive evidence.
+//!
+//! An upgrade reboots the node; while it is down its etcd member is too, so
+//! the nodes go one at a time, followers first and the leader last (after
+//! handing its leadership over), and each must come back before the next
+//! starts. "Came back" is read from the node, never assumed: its boot id
+//! changed, `Version` reports the image's release (a node that booted its
+//! old partition answers on its old version, and that fails the step), its
+//! etcd member is a healthy voter again, the members' lists agree, it has
+//! caught up, and its services are healthy. The first failed gate stops
+//! the operation with the exact state; no further node is touched.
+//!
+//! The preflight wants every voter healthy and agreeing, no learner, no
+//! alarm, an image whose tag names a release, and a supported step: no
+//! downgrade across a Talos minor release and no skip of more than one
+//! minor release, unless the options accept it knowingly. A verified
+//! snapshot comes first.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use serde::{Deserialize, Serialize};
+
+use super::cluster::{ClusterView, member_address};
+use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
+use super::policy::{Source, pick_source, unhealthy_voters};
+use super::spec::millis;
+use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
+use crate::client::{
+    ImageNamespace, InstallProgress, MemberId, RebootMode, TalosVersion, UpgradePath,
+    UpgradeRequest, upgrade_path,
+};
+
+/// Options of an upgrade ([`OpSpec::Upgrade`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct UpgradeOptions {
+    /// The installer image (`ghcr.io/siderolabs/installer:v1.14.0`); its
+    /// tag names the release the nodes must come back on.
+    pub image: String,
+    /// The control-plane nodes to upgrade, by address or hostname (empty:
+    /// every voter).
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// Where the verified snapshot goes (`None`: the operations layer's
+    /// snapshot directory).
+    #[serde(default)]
+    pub snapshot_dir: Option<PathBuf>,
+    /// Accept a step of more than one Talos minor release.
+    #[serde(default)]
+    pub allow_minor_skip: bool,
+    /// Accept a downgrade to an earlier Talos minor release (which may take
+    /// etcd back a minor version under data the newer one wrote).
+    #[serde(default)]
+    pub allow_downgrade: bool,
+    /// How long each node may take to come back and pass its gate.
+    #[serde(
+        default = "default_reboot_timeout",
+        with = "millis",
+        rename = "reboot_timeout_ms"
+    )]
+    pub reboot_timeout: Duration,
+}
+
+impl UpgradeOptions {
+    /// How long a node may take to come back by default: an installer
+    /// pull, an install and a reboot of a real machine.
+    pub const DEFAULT_REBOOT_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+    /// Every voter to the release `image` names, one at a time.
+    pub fn new(image: impl Into<String>) -> UpgradeOptions {
+        UpgradeOptions {
+            image: image.into(),
+            nodes: Vec::new(),
+            snapshot_dir: None,
+            allow_minor_skip: false,
+            allow_downgrade: false,
+            reboot_timeout: UpgradeOptions::DEFAULT_REBOOT_TIMEOUT,
+        }
+    }
+}
+
+fn default_reboot_timeout() -> Duration {
+    UpgradeOptions::DEFAULT_REBOOT_TIMEOUT
+}
+
+/// What a step of an upgrade does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpgradePhase {
+    /// Read the cluster again: every voter healthy, no learner, no alarm.
+    Check,
+    /// A verified snapshot from a healthy voter.
+    Snapshot,
+    /// Hand the leadership over (the leader's turn comes last).
+    Forfeit,
+    /// Send the upgrade (pull and install, then reboot; or the legacy call).
+    Upgrade,
+    /// Wait for the node to come back on the new release, and gate it.
+    WaitBack,
+}
+
+/// One step of an upgrade.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradeStep {
+    /// What it does.
+    pub phase: UpgradePhase,
+    /// The node's address ("" for the cluster-wide steps).
+    pub node: String,
+}
+
+impl StepInfo for UpgradeStep {
+    fn name(&self) -> &'static str {
+        match self.phase {
+            UpgradePhase::Check => "check",
+            UpgradePhase::Snapshot => "snapshot",
+            UpgradePhase::Forfeit => "forfeit",
+            UpgradePhase::Upgrade => "upgrade",
+            UpgradePhase::WaitBack => "wait-back",
+        }
+    }
+
+    fn destructive(&self) -> bool {
+        matches!(self.phase, UpgradePhase::Forfeit | UpgradePhase::Upgrade)
+    }
+
+    fn node(&self) -> Option<&str> {
+        (!self.node.is_empty()).then_some(self.node.as_str())
+    }
+
+    fn point_of_no_return(&self) -> bool {
+        // An installed release cannot be taken back by stopping.
+        self.phase == UpgradePhase::Upgrade
+    }
+}
+
+/// A node as the plan read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct UpgradeNode {
+    /// Its hostname.
+    pub hostname: String,
+    /// Its address.
+    pub address: String,
+    /// Its etcd member id.
+    pub member_id: MemberId,
+    /// Whether it led at plan time.
+    pub leads: bool,
+    /// The release it ran at plan time.
+    pub version: String,
+}
+
+/// What an upgrade's preflight found and its steps recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct UpgradeFacts {
+    /// The release the image names (`v1.14.0`).
+    pub target: String,
+    /// The nodes, in order (the leader last).
+    pub nodes: Vec<UpgradeNode>,
+    /// Where the snapshot goes.
+    pub snapshot_dir: PathBuf,
+    /// The voter the snapshot comes from.
+    pub source: Option<Source>,
+    /// The verified snapshot, once taken.
+    #[serde(default)]
+    pub snapshot: Option<PathBuf>,
+    /// Each node's boot id before its upgrade was sent, read from it.
+    #[serde(default)]
+    pub boot_ids: BTreeMap<String, String>,
+    /// When each node's upgrade was sent (Unix ms).
+    #[serde(default)]
+    pub sent_ms: BTreeMap<String, u64>,
+}
+
+/// Raft entries a node may trail the others by to count as caught up.
+const CAUGHT_UP: u64 = 100;
+
+/// How often a node coming back is read.
+const POLL: Duration = Duration::from_millis(500);
+
+/// The release an installer image's tag names
+/// (`ghcr.io/siderolabs/installer:v1.14.0` names v1.14.0).
+pub fn image_release(image: &str) -> Option<TalosVersion> {
+    let name = image.rsplit('/').next()?;
+    let tag = name.split_once(':')?.1.split('@').next()?;
+    tag.parse().ok()
+}
+
+/// Why going from `from` to `to` is refused, if it is: a downgrade to an
+/// earlier minor release unless `allow_downgrade`, a skip of more than one
+/// minor release unless `allow_minor_skip`.
+pub(crate) fn step_refusal(
+    from: &TalosVersion,
+    to: &TalosVersion,
+    allow_minor_skip: bool,
+    allow_downgrade: bool,
+) -> Option<String> {
+    let (f, t) = ((from.major, from.minor), (to.major, to.minor));
+    if t < f && !allow_downgrade {
+        return Some(format!(
+            "a downgrade from {}.{} to {}.{} can take etcd back a minor version under data the newer one wrote",
+            f.0, f.1, t.0, t.1
+        ));
+    }
+    if t > f && !allow_minor_skip && (t.0 != f.0 || t.1 > f.1 + 1) {
+        return Some(format!(
+            "{}.{} to {}.{} skips a minor release; Talos supports upgrades one minor release at a time",
+            f.0, f.1, t.0, t.1
+        ));
+    }
+    None
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Ops {
+    /// Plans an upgrade: the image's release, the cluster read (every
+    /// voter healthy, no learner, lists agreeing, no alarm), each node's
+    /// release and the step to the target checked, followers first and the
+    /// leader last.
+    pub(super) async fn plan_upgrade(&self, options: &UpgradeOptions) -> Result<Plan, OpsError> {
+        let Some(target) = image_release(&options.image) else {
+            return Err(Refusal::ImageWithoutRelease {
+                image: options.image.clone(),
+            }
+            .into());
+        };
+        let view = self.read_view().await?;
+        check_cluster(&view)?;
+        let alarms = self.client.etcd_alarm_list().await?;
+        if !alarms.is_empty() {
+            return Err(Refusal::AlarmsRaised {
+                alarms: alarms
+                    .iter()
+                    .map(|a| format!("{:?} on member {}", a.alarm, a.member_id))
+                    .collect(),
+            }
+            .into());
+        }
+        let mut chosen = Vec::new();
+        for node in &options.nodes {
+            let Some(member) = view.find(node) else {
+                return Err(Refusal::NotMember {
+                    node: node.clone(),
+                    members: super::cluster::names(&view.members),
+                }
+                .into());
+            };
+            if !chosen
+                .iter()
+                .any(|m: &&crate::client::EtcdMember| m.id == member.id)
+            {
+                chosen.push(member);
+            }
+        }
+        if options.nodes.is_empty() {
+            chosen = view.voters().collect();
+        }
+        let leader = view.leader();
+        let mut nodes = Vec::new();
+        let mut notes = Vec::new();
+        for member in chosen {
+            let address = member_address(member).ok_or_else(|| Refusal::NoAddress {
+                member: member.hostname.clone(),
+            })?;
+            let version = self.client.node(address.as_str()).version().await?.tag;
+            let running: TalosVersion =
+                version
+                    .parse()
+                    .map_err(|e: crate::client::VersionParseError| {
+                        OpsError::step("plan", format!("{}: {e}", member.hostname))
+                    })?;
+            if let Some(reason) = step_refusal(
+                &running,
+                &target,
+                options.allow_minor_skip,
+                options.allow_downgrade,
+            ) {
+                return Err(Refusal::UnsupportedStep {
+                    node: member.hostname.clone(),
+                    from: version,
+                    to: format!("v{target}"),
+                    reason,
+                }
+                .into());
+            }
+            if running == target {
+                notes.push(format!(
+                    "{} already runs {version}: it is upgraded again (same release)",
+                    member.hostname
+                ));
+            }
+            nodes.push(UpgradeNode {
+                hostname: member.hostname.clone(),
+                address,
+                member_id: member.id,
+                leads: leader == Some(member.id),
+                version,
+            });
+        }
+        // Followers first, the leader last.
+        nodes.sort_by_key(|n| n.leads);
+        notes.push(format!(
+            "order: {} (one at a time, the leader last); image {}",
+            nodes
+                .iter()
+                .map(|n| format!("{} {} -> v{target}", n.hostname, n.version))
+                .collect::<Vec<_>>()
+                .join(", "),
+            options.image
+        ));
+        notes.push(format!(
+            "expected: a pull, an install and a reboot per node; each node has up to {} s to come back and pass its gate, so at most {} s in all",
+            options.reboot_timeout.as_secs(),
+            options.reboot_timeout.as_secs() * nodes.len() as u64
+        ));
+        let source = pick_source(&view, None)?;
+        let facts = UpgradeFacts {
+            target: format!("v{target}"),
+            nodes,
+            snapshot_dir: self.snapshot_dir(options.snapshot_dir.as_ref()),
+            source: Some(source),
+            snapshot: None,
+            boot_ids: BTreeMap::new(),
+            sent_ms: BTreeMap::new(),
+        };
+        let steps = upgrade_steps(&facts);
+        Ok(Plan::new(
+            OpSpec::Upgrade(options.clone()),
+            steps,
+            notes,
+            Facts::Upgrade(facts),
+            &view.basis(),
+        ))
+    }
+
+    pub(super) async fn upgrade_step(
+        &self,
+        options: &UpgradeOptions,
+        step: &UpgradeStep,
+        facts: &mut UpgradeFacts,
+    ) -> Result<Outcome, OpsError> {
+        let name = step.name();
+        match step.phase {
+            UpgradePhase::Check => {
+                let view = self.read_view().await?;
+                check_cluster(&view).map_err(|r| OpsError::step(name, r))?;
+                Ok(Outcome::done(format!(
+                    "{} healthy voters",
+                    view.voters().count()
+                )))
+            }
+            UpgradePhase::Snapshot => {
+                let first = need(&facts.source, "source")?.clone();
+                let (path, source, note) = self
+                    .take_snapshot_retrying(&first, None, &facts.snapshot_dir)
+                    .await?;
+                let detail = format!("{} (from {}){note}", path.display(), source.address);
+                facts.source = Some(source);
+                facts.snapshot = Some(path);
+                Ok(Outcome::done(detail))
+            }
+            UpgradePhase::Forfeit => {
+                let node = node_at(facts, &step.node, name)?.clone();
+                self.hand_over(&node.address, &node.hostname, node.member_id, name)
+                    .await
+            }
+            UpgradePhase::Upgrade => self.send_upgrade(options, &step.node, facts).await,
+            UpgradePhase::WaitBack => self.wait_upgraded(options, &step.node, facts).await,
+        }
+    }
+
+    /// The release the node runs, once it answers (within `limit`).
+    async fn answering_version(
+        &self,
+        address: &str,
+        limit: Duration,
+        step: &str,
+    ) -> Result<String, OpsError> {
+        let until = Instant::now() + limit;
+        loop {
+            match self.client.node(address).version().await {
+                Ok(v) => return Ok(v.tag),
+                Err(e) if Instant::now() >= until => {
+                    return Err(OpsError::step(
+                        step,
+                        format!("{address} does not answer: {e}"),
+                    ));
+                }
+                Err(_) => {}
+            }
+            OpsError::poll_stop(&self.stop)?;
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Sends the node its upgrade, as talosctl 1.13.9 would: on a release
+    /// that serves it, ImageService.Pull, LifecycleService.Upgrade and a
+    /// reboot; else the legacy MachineService.Upgrade. A node that already
+    /// runs the target though the plan found another release (the step was
+    /// interrupted after its upgrade was sent) is not sent it again.
+    async fn send_upgrade(
+        &self,
+        options: &UpgradeOptions,
+        address: &str,
+        facts: &mut UpgradeFacts,
+    ) -> Result<Outcome, OpsError> {
+        let step = "upgrade";
+        let node = node_at(facts, address, step)?.clone();
+        let target = self.client.node(address);
+        // On a resume the node may be rebooting from an upgrade sent before
+        // the crash: wait until it answers, then do not send it twice.
+        let version = self
+            .answering_version(address, options.reboot_timeout, step)
+            .await?;
+        if version == facts.target && node.version != facts.target {
+            return Ok(Outcome::skipped(format!(
+                "{} already runs {version}: an upgrade sent before took",
+                node.hostname
+            )));
+        }
+        let boot = self.boot_id(address).await?;
+        facts.boot_ids.insert(address.to_string(), boot);
+        facts.sent_ms.insert(address.to_string(), now_ms());
+        let path = upgrade_path([(address, version.as_str())])?;
+        match path {
+            UpgradePath::Legacy => {
+                target
+                    .upgrade_legacy(&UpgradeRequest::new(&options.image))
+                    .await?;
+                Ok(Outcome::done(format!(
+                    "{} ({version}): legacy upgrade to {} sent",
+                    node.hostname, options.image
+                )))
+            }
+            UpgradePath::Lifecycle => {
+                let name = target
+                    .pull_image(&options.image, ImageNamespace::System)
+                    .await?;
+                let mut progress = target
+                    .lifecycle_upgrade(&name, ImageNamespace::System)
+                    .await?;
+                let mut exit_code = None;
+                while let Some(item) = progress.next().await {
+                    if let InstallProgress::ExitCode(code) = item? {
+                        exit_code = Some(code);
+                    }
+                }
+                match exit_code {
+                    Some(0) => {}
+                    Some(code) => {
+                        return Err(OpsError::step(
+                            step,
+                            format!(
+                                "{}: the install failed with exit code {code}; the node was not rebooted",
+                                node.hostname
+                            ),
+                        ));
+                    }
+                    None => {
+                        return Err(OpsError::step(
+                            step,
+                            format!(
+                                "{}: the install ended without an exit code; the node was not rebooted",
+                                node.hostname
+                            ),
+                        ));
+                    }
+                }
+                target.reboot(RebootMode::Default).await?;
+                Ok(Outcome::done(format!(
+                    "{} ({version}): {name} pulled and installed, reboot sent",
+                    node.hostname
+                )))
+            }
+        }
+    }
+
+    /// Waits until the node answers from a new boot, then requires the
+    /// target release, its member a healthy voter that caught up, the
+    /// lists agreeing and its services healthy. A node back on another
+    /// release fails at once: it booted its old partition.
+    async fn wait_upgraded(
+        &self,
+        options: &UpgradeOptions,
+        address: &str,
+        facts: &UpgradeFacts,
+    ) -> Result<Outcome, OpsError> {
+        let step = "wait-back";
+        let node = node_at(facts, address, step)?;
+        // Without a recorded boot id (the upgrade step was interrupted
+        // before its facts were journaled) the release alone is the
+        // evidence of a new boot.
+        let before = facts.boot_ids.get(address).cloned();
+        let started = Instant::now();
+        let until = started + options.reboot_timeout;
+        let target = self.client.node(address);
+        let mut last = String::from("not answering yet");
+        while Instant::now() < until {
+            match self.boot_id(address).await {
+                Ok(now) if before.as_ref() == Some(&now) => last = "it has not rebooted yet".into(),
+                Ok(_) => {
+                    let running = match target.version().await {
+                        Ok(v) => v.tag,
+                        Err(e) => {
+                            last = format!("Version: {e}");
+                            OpsError::poll_stop(&self.stop)?;
+                            tokio::time::sleep(POLL).await;
+                            continue;
+                        }
+                    };
+                    if running != facts.target {
+                        return Err(OpsError::step(
+                            step,
+                            format!(
+                                "{} came back from a new boot on {running}, not {}: it booted its old partition, so the upgrade did not take; no other node was touched",
+                                node.hostname, facts.target
+                            ),
+                        ));
+                    }
+                    match self.gate_upgraded(node).await {
+                        Ok(summary) => {
+                            return Ok(Outcome::done(format!(
+                                "{} back on {running} after {} ms: {summary}",
+                                node.hostname,
+                                started.elapsed().as_millis()
+                            )));
+                        }
+                        Err(reason) => last = reason,
+                    }
+                }
+                Err(e) => last = e.to_string(),
+            }
+            OpsError::poll_stop(&self.stop)?;
+            tokio::time::sleep(POLL).await;
+        }
+        Err(OpsError::step(
+            step,
+            format!(
+                "{} not back on {} and healthy within {} s: {last}",
+                node.hostname,
+                facts.target,
+                options.reboot_timeout.as_secs()
+            ),
+        ))
+    }
+
+    /// One pass of the gate on a node that is back: its member a healthy
+    /// voter, every voter healthy, the lists agreeing, it caught up, and
+    /// its services healthy. The error says what is not yet so.
+    async fn gate_upgraded(&self, node: &UpgradeNode) -> Result<String, String> {
+        let view = self.read_view().await.map_err(|e| e.to_string())?;
+        check_cluster(&view).map_err(|r| r.to_string())?;
+        let Some(member) = view.find_id_member(node.member_id) else {
+            return Err(format!(
+                "{} is not listed as member {}",
+                node.hostname, node.member_id
+            ));
+        };
+        if member.is_learner {
+            return Err(format!("{} is a learner", node.hostname));
+        }
+        let indexes: Vec<(MemberId, u64)> = view
+            .statuses
+            .iter()
+            .filter_map(|(m, s)| s.as_ref().ok().map(|s| (m.id, s.raft_index)))
+            .collect();
+        let top = indexes.iter().map(|(_, i)| *i).max().unwrap_or(0);
+        let own = indexes
+            .iter()
+            .find(|(id, _)| *id == node.member_id)
+            .map(|(_, i)| *i)
+            .ok_or_else(|| format!("{}'s etcd status cannot be read", node.hostname))?;
+        if top.saturating_sub(own) > CAUGHT_UP {
+            return Err(format!("{} is at raft index {own} of {top}", node.hostname));
+        }
+        let services = self
+            .client
+            .node(node.address.as_str())
+            .service_list()
+            .await
+            .map_err(|e| format!("{}'s services cannot be read: {e}", node.hostname))?;
+        let bad: Vec<String> = services
+            .iter()
+            .filter(|s| {
+                !matches!(s.state.as_str(), "Running" | "Finished" | "Skipped")
+                    || (!s.health.unknown && !s.health.healthy)
+            })
+            .map(|s| format!("{} ({})", s.id, s.state))
+            .collect();
+        if !bad.is_empty() {
+            return Err(format!(
+                "{}'s services are not healthy: {}",
+                node.hostname,
+                bad.join(", ")
+            ));
+        }
+        Ok(format!(
+            "a healthy voter caught up (raft index {own} of {top}), {} voters agree, {} services healthy",
+            view.voters().count(),
+            services.len()
+        ))
+    }
+}
+
+/// Every voter healthy, no learner, the members' lists agreeing.
+fn check_cluster(view: &ClusterView) -> Result<(), Refusal> {
+    if let Some(learner) = view.members.iter().find(|m| m.is_learner) {
+        return Err(Refusal::LearnerCatchingUp {
+            learner: learner.hostname.clone(),
+        });
+    }
+    if !view.disagreements.is_empty() {
+        return Err(Refusal::ListsDisagree {
+            details: view.disagreements.clone(),
+        });
+    }
+    let unhealthy = unhealthy_voters(view, None);
+    if !unhealthy.is_empty() {
+        return Err(Refusal::UnhealthyVoters { voters: unhealthy });
+    }
+    Ok(())
+}
+
+fn node_at<'a>(
+    facts: &'a UpgradeFacts,
+    address: &str,
+    step: &str,
+) -> Result<&'a UpgradeNode, OpsError> {
+    facts
+        .nodes
+        .iter()
+        .find(|n| n.address == address)
+        .ok_or_else(|| OpsError::step(step, format!("{address} is not in the plan")))
+}
+
+/// The steps: a check and a snapshot, then per node (the leader's preceded
+/// by a forfeit) the upgrade and the wait for it to come back.
+fn upgrade_steps(facts: &UpgradeFacts) -> Vec<PlannedStep> {
+    let step = |phase, node: &str| {
+        Step::Upgrade(UpgradeStep {
+            phase,
+            node: node.to_string(),
+        })
+    };
+    let mut steps = vec![
+        PlannedStep::new(
+            step(UpgradePhase::Check, ""),
+            "read the cluster again: every voter healthy, no learner, the lists agreeing".into(),
+        ),
+        PlannedStep::new(
+            step(UpgradePhase::Snapshot, ""),
+            format!(
+                "verified snapshot from a healthy voter into {}",
+                facts.snapshot_dir.display()
+            ),
+        ),
+    ];
+    for n in &facts.nodes {
+        if n.leads {
+            steps.push(PlannedStep::new(
+                step(UpgradePhase::Forfeit, &n.address),
+                format!("{} leads: hand leadership over before its turn", n.hostname),
+            ));
+        }
+        steps.push(PlannedStep::new(
+            step(UpgradePhase::Upgrade, &n.address),
+            format!(
+                "upgrade {} ({}) from {} to {}: pull and install the image, then reboot",
+                n.hostname, n.address, n.version, facts.target
+            ),
+        ));
+        steps.push(PlannedStep::new(
+            step(UpgradePhase::WaitBack, &n.address),
+            format!(
+                "wait for {} to come back from a new boot on {}, its member a healthy voter caught up, its services healthy",
+                n.hostname, facts.target
+            ),
+        ));
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &str) -> TalosVersion {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_image_tag_names_the_release() {
+        assert_eq!(
+            image_release("ghcr.io/siderolabs/installer:v1.14.0"),
+            Some(v("1.14.0"))
+        );
+        assert_eq!(
+            image_release("localhost:5000/installer:v1.13.9@sha256:abc"),
+            Some(v("1.13.9"))
+        );
+        assert_eq!(image_release("ghcr.io/siderolabs/installer"), None);
+        assert_eq!(image_release("ghcr.io/siderolabs/installer:latest"), None);
+    }
+
+    #[test]
+    fn supported_steps() {
+        let refused = |from, to| step_refusal(&v(from), &v(to), false, false);
+        assert_eq!(refused("1.13.9", "1.14.0"), None);
+        assert_eq!(refused("1.13.9", "1.13.10"), None);
+        assert_eq!(refused("1.13.9", "1.13.2"), None, "a patch downgrade");
+        assert!(
+            refused("1.12.4", "1.14.0")
+                .unwrap()
+                .contains("skips a minor")
+        );
+        assert!(refused("1.14.0", "1.13.9").unwrap().contains("downgrade"));
+        assert!(refused("1.13.9", "2.0.0").unwrap().contains("skips"));
+        assert_eq!(step_refusal(&v("1.12.4"), &v("1.14.0"), true, false), None);
+        assert_eq!(step_refusal(&v("1.14.0"), &v("1.13.9"), false, true), None);
+    }
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 use talos_client::ops::{
     ApplyOptions, DefragOptions, JoinOptions, MachineRole, MaintenanceApply, MigrateOptions,
-    OpRecord, OpSpec, OpState, Plan, RetireOptions, SnapshotOptions, StepState,
+    OpRecord, OpSpec, OpState, Plan, RetireOptions, SnapshotOptions, StepState, UpgradeOptions,
 };
 
 mod events;
@@ -184,6 +184,13 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
                 vip_check: Some(o.vip_check),
             })
         }
+        OpSpec::Upgrade(o) => Kind::Upgrade(proto::UpgradeParams {
+            image: o.image.clone(),
+            nodes: o.nodes.clone(),
+            allow_minor_skip: o.allow_minor_skip,
+            allow_downgrade: o.allow_downgrade,
+            reboot_timeout_s: secs(o.reboot_timeout),
+        }),
         OpSpec::Defrag(o) => Kind::Defrag(proto::DefragParams {
             nodes: o.nodes.clone(),
             threshold: Some(o.threshold),
@@ -241,6 +248,14 @@ pub fn spec_from_proto(kind: Kind) -> OpSpec {
                 o.vip_check = on;
             }
             OpSpec::Apply(o)
+        }
+        Kind::Upgrade(p) => {
+            let mut o = UpgradeOptions::new(p.image);
+            o.nodes = p.nodes;
+            o.allow_minor_skip = p.allow_minor_skip;
+            o.allow_downgrade = p.allow_downgrade;
+            o.reboot_timeout = or_default(p.reboot_timeout_s, o.reboot_timeout);
+            OpSpec::Upgrade(o)
         }
         Kind::Defrag(p) => {
             let mut o = DefragOptions::new();

@@ -85,6 +85,33 @@ fn defragmented(record: &OpRecord) -> Vec<DefragMemberResult> {
         .collect()
 }
 
+/// Each node an upgrade moved, by hostname, with the time from its
+/// `upgrade` step's start to its `wait-back` step's end.
+fn upgraded(record: &OpRecord) -> Vec<(String, Duration)> {
+    let Some(nodes) = record.facts["nodes"].as_array() else {
+        return Vec::new();
+    };
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let address = n["address"].as_str()?;
+            let took: u64 = record
+                .steps
+                .iter()
+                .filter(|s| {
+                    s.node.as_deref() == Some(address)
+                        && matches!(s.name.as_str(), "upgrade" | "wait-back")
+                })
+                .filter_map(|s| s.duration_ms)
+                .sum();
+            Some((
+                n["hostname"].as_str().unwrap_or(address).to_string(),
+                Duration::from_millis(took),
+            ))
+        })
+        .collect()
+}
+
 /// Counts operation `record` of `cluster`, ended with `result` (its state,
 /// or `parked`), into `metrics`.
 pub fn record(metrics: &Metrics, cluster: &str, record: &OpRecord, result: &str) {
@@ -114,6 +141,18 @@ pub fn record(metrics: &Metrics, cluster: &str, record: &OpRecord, result: &str)
             }
             OpState::Running => {}
             _ => metrics.defrag_failed(cluster),
+        }
+        return;
+    }
+    if record.kind == talos_client::ops::OpKind::Upgrade.name() {
+        match record.state {
+            OpState::Succeeded => {
+                if let Some(at) = ended_at(record) {
+                    metrics.upgrade_succeeded(cluster, at, &upgraded(record));
+                }
+            }
+            OpState::Running => {}
+            _ => metrics.upgrade_failed(cluster),
         }
         return;
     }

@@ -5,7 +5,8 @@
 //! drills: the last passed drill's time, duration and revision, and the
 //! drills that failed; and defragmentations: the last successful one's time
 //! and bytes given back, each member's bytes and duration in it, and the
-//! defragmentations that failed.
+//! defragmentations that failed; and upgrades: the last successful one's
+//! time, each node's duration in it, and the upgrades that failed.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -77,6 +78,9 @@ pub struct Metrics {
     defrag_member_reclaimed: Family<MemberLabels, Gauge>,
     defrag_member_duration: Family<MemberLabels, F64Gauge>,
     defrag_failures: Family<ClusterLabels, Counter>,
+    upgrade_time: Family<ClusterLabels, F64Gauge>,
+    upgrade_node_duration: Family<MemberLabels, F64Gauge>,
+    upgrade_failures: Family<ClusterLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -187,6 +191,24 @@ impl Metrics {
             "Defragmentations that failed or could not start",
             defrag_failures.clone(),
         );
+        let upgrade_time = Family::<ClusterLabels, F64Gauge>::default();
+        let upgrade_node_duration = Family::<MemberLabels, F64Gauge>::default();
+        let upgrade_failures = Family::<ClusterLabels, Counter>::default();
+        registry.register(
+            "upgrade_last_success_timestamp_seconds",
+            "When the last upgrade that succeeded ended (Unix time)",
+            upgrade_time.clone(),
+        );
+        registry.register(
+            "upgrade_node_duration_seconds",
+            "How long each node's upgrade took in the last upgrade that included it, from sending it to passing its gate",
+            upgrade_node_duration.clone(),
+        );
+        registry.register(
+            "upgrade_failures",
+            "Upgrades that failed or need attention",
+            upgrade_failures.clone(),
+        );
         Metrics {
             registry: Arc::new(Mutex::new(registry)),
             operations,
@@ -205,6 +227,9 @@ impl Metrics {
             defrag_member_reclaimed,
             defrag_member_duration,
             defrag_failures,
+            upgrade_time,
+            upgrade_node_duration,
+            upgrade_failures,
         }
     }
 
@@ -309,6 +334,33 @@ impl Metrics {
     /// A defragmentation failed (or could not start).
     pub fn defrag_failed(&self, cluster: &str) {
         self.defrag_failures
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.into(),
+            })
+            .inc();
+    }
+
+    /// An upgrade succeeded at `at` (Unix seconds); `nodes` are each
+    /// node's hostname and how long its upgrade took.
+    pub fn upgrade_succeeded(&self, cluster: &str, at: f64, nodes: &[(String, Duration)]) {
+        self.upgrade_time
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.into(),
+            })
+            .set(at);
+        for (member, took) in nodes {
+            self.upgrade_node_duration
+                .get_or_create(&MemberLabels {
+                    cluster: cluster.into(),
+                    member: member.clone(),
+                })
+                .set(took.as_secs_f64());
+        }
+    }
+
+    /// An upgrade failed (or could not start).
+    pub fn upgrade_failed(&self, cluster: &str) {
+        self.upgrade_failures
             .get_or_create(&ClusterLabels {
                 cluster: cluster.into(),
             })

@@ -1,6 +1,6 @@
 //! The output of every operation held to golden files in
 //! tests/golden/ops/: for snapshot, defrag, apply, join, migrate, retire,
-//! drill and restore, the
+//! drill, restore and upgrade, the
 //! plan (`--plan`: the table on stderr, JSON on stdout) and the result (the
 //! JSON record of the run, and `ops show` as a table), on one simulator
 //! cluster. Run-dependent values (ids, addresses, hostnames, times,
@@ -149,6 +149,22 @@ async fn every_operation_s_plan_and_result_match_the_golden_files() {
     }
     let target = target.expect("a survivor that does not lead");
     check(&f, "retire", &["retire", &target], &mut mismatches).await;
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
+
+/// An upgrade of the three nodes to 1.14.0, on a cluster of its own (every
+/// node runs the new release afterwards).
+#[tokio::test]
+async fn upgrade_plan_and_result_match_the_golden_files() {
+    let f = Fixture::start(3).await;
+    let mut mismatches = Vec::new();
+    check(
+        &f,
+        "upgrade",
+        &["upgrade", "--image", "ghcr.io/siderolabs/installer:v1.14.0"],
+        &mut mismatches,
+    )
+    .await;
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }
 
@@ -319,6 +335,8 @@ fn normalise(text: &str, table: bool) -> String {
         (r"\b\d+(\.\d+)? (KiB|MiB)", "<SIZE>"),
         (r"\b\d+% ", "<PCT> "),
         (r"passed \d+ times", "passed <N> times"),
+        // Raft positions (an upgrade's gate).
+        (r"raft index \d+ of \d+", "raft index <N> of <N>"),
     ];
     let mut out = String::new();
     for line in text.lines() {

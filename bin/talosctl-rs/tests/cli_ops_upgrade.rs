@@ -220,3 +220,73 @@ async fn an_upgrade_killed_after_the_leaders_upgrade_was_sent_resumes_to_the_end
     );
     assert_eq!(f.voters(1).await, ["cp-1", "cp-2", "cp-3"]);
 }
+
+/// The process dies at `point` (a step as labelled; `FIRST` and `LEADER`
+/// stand for the first node in the plan's order and the leader), then
+/// `ops resume` ends the operation as an uninterrupted run does: every node
+/// on the target, three voters.
+async fn crash_and_resume(point: &str) {
+    let f = Fixture::start(3).await;
+    let plan = f.ops(&["--plan", "upgrade", "--image", IMAGE]).await.ok();
+    let plan = plan.json();
+    let upgrades: Vec<String> = plan["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == "upgrade")
+        .map(|s| s["node"].as_str().unwrap().to_string())
+        .collect();
+    let point = point
+        .replace("FIRST", &upgrades[0])
+        .replace("LEADER", &upgrades[2]);
+    let crashed = f
+        .ops_with(
+            &f.talosconfig(),
+            &["--yes", "upgrade", "--image", IMAGE],
+            Some(&point),
+        )
+        .await;
+    assert_ne!(crashed.code, 0, "{point}: {}", crashed.stderr);
+    let listed = f.ops(&["list"]).await.ok().json();
+    let id = listed[0]["id"].as_str().unwrap().to_string();
+    let resumed = f.ops(&["resume", &id]).await;
+    assert_eq!(resumed.code, 0, "{point}: {}", resumed.stderr);
+    let resumed = resumed.json();
+    assert_eq!(resumed["state"], "succeeded", "{point}: {resumed}");
+    assert!(
+        versions(&f).await.iter().all(|(_, v)| v == "v1.14.0"),
+        "{point}: {:?}",
+        versions(&f).await
+    );
+    assert_eq!(f.voters(1).await, ["cp-1", "cp-2", "cp-3"], "{point}");
+}
+
+#[tokio::test]
+async fn crash_while_taking_the_snapshot() {
+    crash_and_resume("started:snapshot").await;
+}
+
+#[tokio::test]
+async fn crash_before_the_first_upgrade_is_sent() {
+    crash_and_resume("started:upgrade FIRST").await;
+}
+
+#[tokio::test]
+async fn crash_after_the_first_upgrade_answered() {
+    crash_and_resume("answered:upgrade FIRST").await;
+}
+
+#[tokio::test]
+async fn crash_while_waiting_for_the_first_node() {
+    crash_and_resume("started:wait-back FIRST").await;
+}
+
+#[tokio::test]
+async fn crash_after_the_forfeit_answered() {
+    crash_and_resume("answered:forfeit LEADER").await;
+}
+
+#[tokio::test]
+async fn crash_while_waiting_for_the_leader() {
+    crash_and_resume("started:wait-back LEADER").await;
+}

@@ -49,6 +49,14 @@ pub struct UpgradeOptions {
     /// snapshot directory).
     #[serde(default)]
     pub snapshot_dir: Option<PathBuf>,
+    /// Then the workers too (every worker discovery lists, or those of
+    /// `nodes` that are workers).
+    #[serde(default)]
+    pub workers: bool,
+    /// How many workers go at once (control-plane nodes always go one at
+    /// a time).
+    #[serde(default = "one")]
+    pub parallel: usize,
     /// Accept a step of more than one Talos minor release.
     #[serde(default)]
     pub allow_minor_skip: bool,
@@ -76,11 +84,17 @@ impl UpgradeOptions {
             image: image.into(),
             nodes: Vec::new(),
             snapshot_dir: None,
+            workers: false,
+            parallel: 1,
             allow_minor_skip: false,
             allow_downgrade: false,
             reboot_timeout: UpgradeOptions::DEFAULT_REBOOT_TIMEOUT,
         }
     }
+}
+
+fn one() -> usize {
+    1
 }
 
 fn default_reboot_timeout() -> Duration {
@@ -145,8 +159,12 @@ pub struct UpgradeNode {
     pub hostname: String,
     /// Its address.
     pub address: String,
-    /// Its etcd member id.
+    /// Its etcd member id (0 for a worker).
     pub member_id: MemberId,
+    /// A worker: no etcd member, its gate is its boot, release and
+    /// services.
+    #[serde(default)]
+    pub worker: bool,
     /// Whether it led at plan time.
     pub leads: bool,
     /// The release it ran at plan time.
@@ -245,24 +263,56 @@ impl Ops {
             }
             .into());
         }
+        // Workers are no etcd members: discovery names them.
+        let named_elsewhere = options.nodes.iter().any(|n| view.find(n).is_none());
+        let discovered: Vec<crate::client::resources::ClusterMember> =
+            if options.workers || named_elsewhere {
+                self.client
+                    .resources()
+                    .cluster_members()
+                    .await?
+                    .into_iter()
+                    .filter(|m| m.machine_type == "worker")
+                    .collect()
+            } else {
+                Vec::new()
+            };
         let mut chosen = Vec::new();
+        let mut workers: Vec<&crate::client::resources::ClusterMember> = Vec::new();
         for node in &options.nodes {
-            let Some(member) = view.find(node) else {
+            if let Some(member) = view.find(node) {
+                if !chosen
+                    .iter()
+                    .any(|m: &&crate::client::EtcdMember| m.id == member.id)
+                {
+                    chosen.push(member);
+                }
+            } else if let Some(worker) = discovered
+                .iter()
+                .find(|w| w.hostname == *node || w.addresses.iter().any(|a| a.to_string() == *node))
+            {
+                if !workers.iter().any(|w| w.hostname == worker.hostname) {
+                    workers.push(worker);
+                }
+            } else {
+                let mut members = super::cluster::names(&view.members);
+                members.extend(
+                    discovered
+                        .iter()
+                        .map(|w| format!("{} (worker)", w.hostname)),
+                );
                 return Err(Refusal::NotMember {
                     node: node.clone(),
-                    members: super::cluster::names(&view.members),
+                    members,
                 }
                 .into());
-            };
-            if !chosen
-                .iter()
-                .any(|m: &&crate::client::EtcdMember| m.id == member.id)
-            {
-                chosen.push(member);
             }
         }
         if options.nodes.is_empty() {
             chosen = view.voters().collect();
+            if options.workers {
+                workers = discovered.iter().collect();
+            }
         }
         let leader = view.leader();
         let mut nodes = Vec::new();
@@ -303,18 +353,58 @@ impl Ops {
                 address,
                 member_id: member.id,
                 leads: leader == Some(member.id),
+                worker: false,
                 version,
             });
         }
-        // Followers first, the leader last.
+        // Followers first, the leader last; then the workers.
         nodes.sort_by_key(|n| n.leads);
+        for worker in workers {
+            let address = worker
+                .addresses
+                .first()
+                .map(|a| a.to_string())
+                .ok_or_else(|| Refusal::NoAddress {
+                    member: worker.hostname.clone(),
+                })?;
+            let version = self.client.node(address.as_str()).version().await?.tag;
+            let running: TalosVersion =
+                version
+                    .parse()
+                    .map_err(|e: crate::client::VersionParseError| {
+                        OpsError::step("plan", format!("{}: {e}", worker.hostname))
+                    })?;
+            if let Some(reason) = step_refusal(
+                &running,
+                &target,
+                options.allow_minor_skip,
+                options.allow_downgrade,
+            ) {
+                return Err(Refusal::UnsupportedStep {
+                    node: worker.hostname.clone(),
+                    from: version,
+                    to: format!("v{target}"),
+                    reason,
+                }
+                .into());
+            }
+            nodes.push(UpgradeNode {
+                hostname: worker.hostname.clone(),
+                address,
+                member_id: MemberId(0),
+                leads: false,
+                worker: true,
+                version,
+            });
+        }
         notes.push(format!(
-            "order: {} (one at a time, the leader last); image {}",
+            "order: {} (control-plane nodes one at a time, the leader last; workers {} at a time); image {}",
             nodes
                 .iter()
                 .map(|n| format!("{} {} -> v{target}", n.hostname, n.version))
                 .collect::<Vec<_>>()
                 .join(", "),
+            options.parallel.max(1),
             options.image
         ));
         notes.push(format!(
@@ -332,7 +422,7 @@ impl Ops {
             boot_ids: BTreeMap::new(),
             sent_ms: BTreeMap::new(),
         };
-        let steps = upgrade_steps(&facts);
+        let steps = upgrade_steps(&facts, options.parallel);
         Ok(Plan::new(
             OpSpec::Upgrade(options.clone()),
             steps,
@@ -557,6 +647,10 @@ impl Ops {
     /// voter, every voter healthy, the lists agreeing, it caught up, and
     /// its services healthy. The error says what is not yet so.
     async fn gate_upgraded(&self, node: &UpgradeNode) -> Result<String, String> {
+        if node.worker {
+            let services = self.healthy_services(node).await?;
+            return Ok(format!("{services} services healthy"));
+        }
         let view = self.read_view().await.map_err(|e| e.to_string())?;
         check_cluster(&view).map_err(|r| r.to_string())?;
         let Some(member) = view.find_id_member(node.member_id) else {
@@ -582,6 +676,17 @@ impl Ops {
         if top.saturating_sub(own) > CAUGHT_UP {
             return Err(format!("{} is at raft index {own} of {top}", node.hostname));
         }
+        let services = self.healthy_services(node).await?;
+        Ok(format!(
+            "a healthy voter caught up (raft index {own} of {top}), {} voters agree, {} services healthy",
+            view.voters().count(),
+            services
+        ))
+    }
+
+    /// How many services the node runs, all healthy; the error names
+    /// those that are not.
+    async fn healthy_services(&self, node: &UpgradeNode) -> Result<usize, String> {
         let services = self
             .client
             .node(node.address.as_str())
@@ -603,11 +708,7 @@ impl Ops {
                 bad.join(", ")
             ));
         }
-        Ok(format!(
-            "a healthy voter caught up (raft index {own} of {top}), {} voters agree, {} services healthy",
-            view.voters().count(),
-            services.len()
-        ))
+        Ok(services.len())
     }
 }
 
@@ -642,9 +743,10 @@ fn node_at<'a>(
         .ok_or_else(|| OpsError::step(step, format!("{address} is not in the plan")))
 }
 
-/// The steps: a check and a snapshot, then per node (the leader's preceded
-/// by a forfeit) the upgrade and the wait for it to come back.
-fn upgrade_steps(facts: &UpgradeFacts) -> Vec<PlannedStep> {
+/// The steps: a check and a snapshot, then per control-plane node (the
+/// leader's preceded by a forfeit) the upgrade and the wait for it to come
+/// back; then the workers, `parallel` at a time.
+fn upgrade_steps(facts: &UpgradeFacts, parallel: usize) -> Vec<PlannedStep> {
     let step = |phase, node: &str| {
         Step::Upgrade(UpgradeStep {
             phase,
@@ -664,27 +766,44 @@ fn upgrade_steps(facts: &UpgradeFacts) -> Vec<PlannedStep> {
             ),
         ),
     ];
-    for n in &facts.nodes {
+    let upgrade = |n: &UpgradeNode| {
+        PlannedStep::new(
+            step(UpgradePhase::Upgrade, &n.address),
+            format!(
+                "upgrade {} ({}) from {} to {}: pull and install the image, then reboot",
+                n.hostname, n.address, n.version, facts.target
+            ),
+        )
+    };
+    let wait = |n: &UpgradeNode| {
+        let gate = if n.worker {
+            "its services healthy"
+        } else {
+            "its member a healthy voter caught up, its services healthy"
+        };
+        PlannedStep::new(
+            step(UpgradePhase::WaitBack, &n.address),
+            format!(
+                "wait for {} to come back from a new boot on {}, {gate}",
+                n.hostname, facts.target
+            ),
+        )
+    };
+    for n in facts.nodes.iter().filter(|n| !n.worker) {
         if n.leads {
             steps.push(PlannedStep::new(
                 step(UpgradePhase::Forfeit, &n.address),
                 format!("{} leads: hand leadership over before its turn", n.hostname),
             ));
         }
-        steps.push(PlannedStep::new(
-            step(UpgradePhase::Upgrade, &n.address),
-            format!(
-                "upgrade {} ({}) from {} to {}: pull and install the image, then reboot",
-                n.hostname, n.address, n.version, facts.target
-            ),
-        ));
-        steps.push(PlannedStep::new(
-            step(UpgradePhase::WaitBack, &n.address),
-            format!(
-                "wait for {} to come back from a new boot on {}, its member a healthy voter caught up, its services healthy",
-                n.hostname, facts.target
-            ),
-        ));
+        steps.push(upgrade(n));
+        steps.push(wait(n));
+    }
+    // Workers `parallel` at a time: their upgrades sent, then each awaited.
+    let workers: Vec<&UpgradeNode> = facts.nodes.iter().filter(|n| n.worker).collect();
+    for batch in workers.chunks(parallel.max(1)) {
+        steps.extend(batch.iter().map(|n| upgrade(n)));
+        steps.extend(batch.iter().map(|n| wait(n)));
     }
     steps
 }

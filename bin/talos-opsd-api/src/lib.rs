@@ -190,6 +190,8 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
             allow_minor_skip: o.allow_minor_skip,
             allow_downgrade: o.allow_downgrade,
             reboot_timeout_s: secs(o.reboot_timeout),
+            workers: o.workers,
+            parallel: u32::try_from(o.parallel).unwrap_or(u32::MAX),
         }),
         OpSpec::Defrag(o) => Kind::Defrag(proto::DefragParams {
             nodes: o.nodes.clone(),
@@ -255,6 +257,8 @@ pub fn spec_from_proto(kind: Kind) -> OpSpec {
             o.allow_minor_skip = p.allow_minor_skip;
             o.allow_downgrade = p.allow_downgrade;
             o.reboot_timeout = or_default(p.reboot_timeout_s, o.reboot_timeout);
+            o.workers = p.workers;
+            o.parallel = usize::try_from(p.parallel.max(1)).unwrap_or(1);
             OpSpec::Upgrade(o)
         }
         Kind::Defrag(p) => {

@@ -290,3 +290,99 @@ async fn crash_after_the_forfeit_answered() {
 async fn crash_while_waiting_for_the_leader() {
     crash_and_resume("started:wait-back LEADER").await;
 }
+
+/// `--workers --parallel 2`: after the control plane, both workers go at
+/// once (their upgrades sent, then each awaited), each gated on its boot,
+/// release and services.
+#[tokio::test]
+async fn workers_follow_the_control_plane_two_at_a_time() {
+    let f = Fixture {
+        sim: talos_test_support::sim::SimCluster::start_with(3, |c| c.workers = 2).await,
+        state: tempfile::tempdir().unwrap(),
+    };
+    let result = f
+        .ops(&[
+            "--yes",
+            "upgrade",
+            "--image",
+            IMAGE,
+            "--workers",
+            "--parallel",
+            "2",
+        ])
+        .await
+        .ok()
+        .json();
+    assert_eq!(result["state"], "succeeded", "{result}");
+    let steps = steps(&result);
+    let names: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names[9..],
+        ["upgrade", "upgrade", "wait-back", "wait-back"],
+        "{result}"
+    );
+    let admin = f.sim.admin();
+    for node in f.sim.cluster.nodes() {
+        let tag = admin.node(node.ip.to_string()).version().await.unwrap().tag;
+        assert_eq!(tag, "v1.14.0", "{}", node.name);
+    }
+    let workers: Vec<String> = f
+        .sim
+        .cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.worker)
+        .map(|n| n.ip.to_string())
+        .collect();
+    assert_eq!(workers.len(), 2);
+    assert!(workers.contains(&steps[9].1) && workers.contains(&steps[10].1));
+    assert_ne!(steps[9].1, steps[10].1);
+}
+
+/// A node whose upgrade never comes back fails its wait after
+/// `--reboot-timeout`, as needs-attention; nothing continues.
+#[tokio::test]
+async fn a_node_that_never_comes_back_stops_the_upgrade_after_its_timeout() {
+    let f = Fixture::start(3).await;
+    let plan = f.ops(&["--plan", "upgrade", "--image", IMAGE]).await.ok();
+    let plan = plan.json();
+    let first = plan["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "upgrade")
+        .and_then(|s| s["node"].as_str())
+        .unwrap()
+        .to_string();
+    f.sim
+        .cluster
+        .fail_next_upgrade(&first, UpgradeFault::NeverComesBack)
+        .unwrap();
+    let run = f
+        .ops(&[
+            "--yes",
+            "upgrade",
+            "--image",
+            IMAGE,
+            "--reboot-timeout",
+            "10s",
+        ])
+        .await;
+    assert_ne!(run.code, 0, "{}", run.stdout);
+    assert!(
+        run.stderr
+            .contains("not back on v1.14.0 and healthy within 10 s"),
+        "{}",
+        run.stderr
+    );
+    let listed = f.ops(&["list"]).await.ok().json();
+    let id = listed[0]["id"].as_str().unwrap().to_string();
+    let shown = f.ops(&["show", &id]).await.ok().json();
+    assert_eq!(shown["state"], "needs-attention", "{shown}");
+    // The others were not touched (the first one stays down).
+    let admin = f.sim.admin();
+    for ip in (1..=3).map(|i| f.sim.ip(i)).filter(|ip| *ip != first) {
+        let tag = admin.node(ip.as_str()).version().await.unwrap().tag;
+        assert_eq!(tag, "v1.13.9", "{ip}");
+    }
+}

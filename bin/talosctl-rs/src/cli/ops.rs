@@ -212,6 +212,14 @@ pub enum OpsCommand {
         /// The installer image (ghcr.io/siderolabs/installer:v1.14.0).
         #[arg(long)]
         image: String,
+        /// Then the workers too (every worker discovery lists; -n names
+        /// workers as well as control-plane nodes).
+        #[arg(long)]
+        workers: bool,
+        /// How many workers go at once (control-plane nodes always go one
+        /// at a time).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        parallel: u16,
         /// Accept a step of more than one Talos minor release.
         #[arg(long)]
         allow_minor_skip: bool,
@@ -463,12 +471,16 @@ impl OpsCommand {
             }
             OpsCommand::Upgrade {
                 image,
+                workers,
+                parallel,
                 allow_minor_skip,
                 allow_downgrade,
                 reboot_timeout,
             } => {
                 let mut o = UpgradeOptions::new(image);
                 o.nodes = nodes;
+                o.workers = *workers;
+                o.parallel = usize::from(*parallel);
                 o.allow_minor_skip = *allow_minor_skip;
                 o.allow_downgrade = *allow_downgrade;
                 set(&mut o.reboot_timeout, reboot_timeout);

@@ -7,6 +7,7 @@
 //! starts. "Came back" is read from the node, never assumed: its boot id
 //! changed, `Version` reports the image's release (a node that booted its
 //! old partition answers on its old version, and that fails the step), its
+//! machine status is running and ready, its
 //! etcd member is a healthy voter again, the members' lists agree, it has
 //! caught up, and its services are healthy. The first failed gate stops
 //! the operation with the exact state; no further node is touched.
@@ -643,10 +644,34 @@ impl Ops {
         ))
     }
 
-    /// One pass of the gate on a node that is back: its member a healthy
-    /// voter, every voter healthy, the lists agreeing, it caught up, and
-    /// its services healthy. The error says what is not yet so.
+    /// One pass of the gate on a node that is back: its machine status
+    /// running and ready, its member a healthy voter, every voter healthy,
+    /// the lists agreeing, it caught up, and its services healthy. The error says what is not yet so.
     async fn gate_upgraded(&self, node: &UpgradeNode) -> Result<String, String> {
+        let status = self
+            .client
+            .node(node.address.as_str())
+            .resources()
+            .machine_status()
+            .await
+            .map_err(|e| format!("{}'s machine status cannot be read: {e}", node.hostname))?;
+        if status.stage != "running" || !status.ready {
+            let unmet: Vec<String> = status
+                .unmet_conditions
+                .iter()
+                .map(|c| format!("{}: {}", c.name, c.reason))
+                .collect();
+            return Err(format!(
+                "{} is {}{}",
+                node.hostname,
+                status.stage,
+                if status.ready {
+                    String::new()
+                } else {
+                    format!(", not ready ({})", unmet.join("; "))
+                }
+            ));
+        }
         if node.worker {
             let services = self.healthy_services(node).await?;
             return Ok(format!("{services} services healthy"));

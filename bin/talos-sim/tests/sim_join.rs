@@ -86,3 +86,41 @@ async fn a_node_reset_without_leave_rejoins_under_its_old_name() {
     .await;
     assert_ne!(rejoined, old);
 }
+
+/// A second join while the first node is still a learner: etcd refuses a
+/// second learner ("too many learner members"), and upstream's addMember
+/// retries any error until its join timeout
+/// (internal/app/machined/pkg/system/services/etcd.go), so the second node
+/// waits for the first one's promotion instead of failing; both end as
+/// voters.
+#[tokio::test]
+async fn a_second_join_waits_for_the_first_learner_to_be_promoted() {
+    let sim = SimCluster::start_with(3, |cfg| cfg.timing = TalosTiming::scaled_down(10)).await;
+    let first = sim.cluster.add_node().await.expect("first join");
+    let started = Instant::now();
+    let second = sim
+        .cluster
+        .add_node()
+        .await
+        .expect("second join waits, then joins");
+    let waited = started.elapsed();
+    let members = wait_for("five voters", Duration::from_secs(60), || async {
+        let members = sim
+            .admin()
+            .node(sim.ip(1))
+            .etcd_member_list(false)
+            .await
+            .ok()?;
+        (members.len() == 5 && members.iter().all(|m| !m.is_learner)).then_some(members)
+    })
+    .await;
+    let names: Vec<&str> = members.iter().map(|m| m.hostname.as_str()).collect();
+    assert!(names.contains(&first.name.as_str()) && names.contains(&second.name.as_str()));
+    // The first learner is promoted at its second attempt at the earliest,
+    // one promote interval (1.5 s here) after it started: the second join
+    // could not have got in before.
+    assert!(
+        waited >= TalosTiming::scaled_down(10).promote_interval / 2,
+        "the second join did not wait: {waited:?}"
+    );
+}

@@ -15,7 +15,19 @@ use ops_fixture::Fixture;
 
 #[tokio::test]
 async fn a_cluster_that_lost_quorum_comes_back_from_a_snapshot() {
-    let f = Fixture::start(3).await;
+    // Every node waits to join from its boot until the restore gives it a
+    // cluster: the join and promotion limits are upstream's own (30 min,
+    // 10 min), not a tenth of them, so a slow machine does not make a node
+    // give up before the restore is done.
+    let timing = talos_sim::TalosTiming {
+        join_limit: talos_sim::TalosTiming::UPSTREAM.join_limit,
+        promote_limit: talos_sim::TalosTiming::UPSTREAM.promote_limit,
+        ..talos_sim::TalosTiming::scaled_down(10)
+    };
+    let f = Fixture {
+        sim: talos_test_support::sim::SimCluster::start_with(3, |cfg| cfg.timing = timing).await,
+        state: tempfile::tempdir().unwrap(),
+    };
     f.sim
         .cluster
         .fill("/talos-sim/fill/", 40, 256)

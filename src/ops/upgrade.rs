@@ -322,27 +322,9 @@ impl Ops {
             let address = member_address(member).ok_or_else(|| Refusal::NoAddress {
                 member: member.hostname.clone(),
             })?;
-            let version = self.client.node(address.as_str()).version().await?.tag;
-            let running: TalosVersion =
-                version
-                    .parse()
-                    .map_err(|e: crate::client::VersionParseError| {
-                        OpsError::step("plan", format!("{}: {e}", member.hostname))
-                    })?;
-            if let Some(reason) = step_refusal(
-                &running,
-                &target,
-                options.allow_minor_skip,
-                options.allow_downgrade,
-            ) {
-                return Err(Refusal::UnsupportedStep {
-                    node: member.hostname.clone(),
-                    from: version,
-                    to: format!("v{target}"),
-                    reason,
-                }
-                .into());
-            }
+            let (version, running) = self
+                .checked_release(&address, &member.hostname, &target, options)
+                .await?;
             if running == target {
                 notes.push(format!(
                     "{} already runs {version}: it is upgraded again (same release)",
@@ -368,27 +350,9 @@ impl Ops {
                 .ok_or_else(|| Refusal::NoAddress {
                     member: worker.hostname.clone(),
                 })?;
-            let version = self.client.node(address.as_str()).version().await?.tag;
-            let running: TalosVersion =
-                version
-                    .parse()
-                    .map_err(|e: crate::client::VersionParseError| {
-                        OpsError::step("plan", format!("{}: {e}", worker.hostname))
-                    })?;
-            if let Some(reason) = step_refusal(
-                &running,
-                &target,
-                options.allow_minor_skip,
-                options.allow_downgrade,
-            ) {
-                return Err(Refusal::UnsupportedStep {
-                    node: worker.hostname.clone(),
-                    from: version,
-                    to: format!("v{target}"),
-                    reason,
-                }
-                .into());
-            }
+            let (version, _) = self
+                .checked_release(&address, &worker.hostname, &target, options)
+                .await?;
             nodes.push(UpgradeNode {
                 hostname: worker.hostname.clone(),
                 address,
@@ -431,6 +395,40 @@ impl Ops {
             Facts::Upgrade(facts),
             &view.basis(),
         ))
+    }
+
+    /// The release the node at `address` runs (as reported and parsed),
+    /// refused when going from it to `target` is a step Talos does not
+    /// support and `options` do not accept.
+    async fn checked_release(
+        &self,
+        address: &str,
+        hostname: &str,
+        target: &TalosVersion,
+        options: &UpgradeOptions,
+    ) -> Result<(String, TalosVersion), OpsError> {
+        let version = self.client.node(address).version().await?.tag;
+        let running: TalosVersion =
+            version
+                .parse()
+                .map_err(|e: crate::client::VersionParseError| {
+                    OpsError::step("plan", format!("{hostname}: {e}"))
+                })?;
+        if let Some(reason) = step_refusal(
+            &running,
+            target,
+            options.allow_minor_skip,
+            options.allow_downgrade,
+        ) {
+            return Err(Refusal::UnsupportedStep {
+                node: hostname.to_string(),
+                from: version,
+                to: format!("v{target}"),
+                reason,
+            }
+            .into());
+        }
+        Ok((version, running))
     }
 
     pub(super) async fn upgrade_step(

@@ -64,19 +64,6 @@ async fn a_defrag_through_the_api_is_watched_member_by_member() {
     assert!(defrags.iter().all(|d| d.contains("reclaimed")), "{ended:?}");
 }
 
-async fn scrape(port: u16) -> Option<String> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .ok()?;
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer).await.ok()?;
-    Some(answer)
-}
-
 /// The value of the series `name{labels}` (labels as printed), if present.
 fn series(metrics: &str, name: &str, labels: &str) -> Option<f64> {
     metrics
@@ -118,7 +105,7 @@ async fn a_scheduled_defrag_gives_space_back_and_shows_it_in_the_metrics() {
             // commits: a small write per poll stands in for a live
             // cluster's traffic.
             sim.cluster.fill("/registry/tick/", 1, 8).await.ok()?;
-            let m = scrape(port).await?;
+            let m = daemon::scrape(port).await?;
             let reclaimed = series(
                 &m,
                 "talos_opsd_defrag_last_reclaimed_bytes",

@@ -11,19 +11,6 @@ use talos_opsd::proto::operation_event::Event as Ev;
 use talos_opsd::proto::{self, start_operation_request::Kind};
 use talos_test_support::sim::{SimCluster, wait_for};
 
-async fn scrape(port: u16) -> Option<String> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .ok()?;
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer).await.ok()?;
-    Some(answer)
-}
-
 #[tokio::test]
 async fn an_upgrade_through_the_api_is_planned_watched_and_measured() {
     let sim = SimCluster::start(3).await;
@@ -98,7 +85,7 @@ async fn an_upgrade_through_the_api_is_planned_watched_and_measured() {
         "{back:?}"
     );
     let metrics = wait_for("the upgrade's metrics", Duration::from_secs(10), || async {
-        let m = scrape(port).await?;
+        let m = daemon::scrape(port).await?;
         m.contains("talos_opsd_upgrade_last_success_timestamp_seconds{cluster=\"a\"}")
             .then_some(m)
     })

@@ -200,3 +200,18 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// `GET /metrics` from the daemon's metrics listener on `port`, the whole
+/// answer; `None` while it does not answer.
+pub async fn scrape(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .ok()?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).await.ok()?;
+    Some(answer)
+}

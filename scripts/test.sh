@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A one-off build: incremental artefacts would only cost disk (GBs here).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 scripts/install-deps.sh
 cargo fmt --all --check
 cargo clippy --locked --workspace --all-targets --all-features -- -D warnings

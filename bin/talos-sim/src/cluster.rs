@@ -26,14 +26,40 @@ fn write_private(path: &Path, data: &[u8]) -> Result<(), SimError> {
     talos_client::write_private_file(path, data).map_err(|e| SimError::io(path, e))
 }
 
-/// Loads the CA kept in `dir/pki`, or makes and stores one.
-fn load_or_create_ca(dir: &Path) -> Result<Ca, SimError> {
-    let (crt, key) = (dir.join("pki/ca.crt"), dir.join("pki/ca.key"));
+/// The cluster's CAs: Talos's OS CA, and the Kubernetes and etcd CAs its
+/// machine configuration carries (`cluster.ca`, `cluster.etcd.ca`).
+pub(crate) struct ClusterCas {
+    pub(crate) os: Ca,
+    pub(crate) kubernetes: Ca,
+    pub(crate) etcd: Ca,
+}
+
+impl ClusterCas {
+    /// Loads the CAs kept in `dir/pki`, making and storing those missing.
+    fn load_or_create(dir: &Path) -> Result<ClusterCas, SimError> {
+        Ok(ClusterCas {
+            os: load_or_create_ca(dir, "ca", Ca::generate)?,
+            kubernetes: load_or_create_ca(dir, "kubernetes-ca", Ca::generate_kubernetes)?,
+            etcd: load_or_create_ca(dir, "etcd-ca", Ca::generate_etcd)?,
+        })
+    }
+}
+
+/// Loads the CA kept in `dir/pki/NAME.{crt,key}`, or makes and stores one.
+fn load_or_create_ca(
+    dir: &Path,
+    name: &str,
+    generate: fn() -> Result<Ca, crate::pki::PkiError>,
+) -> Result<Ca, SimError> {
+    let (crt, key) = (
+        dir.join(format!("pki/{name}.crt")),
+        dir.join(format!("pki/{name}.key")),
+    );
     if crt.exists() && key.exists() {
         let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| SimError::io(p, e));
         return Ok(Ca::load(&read(&crt)?, &read(&key)?)?);
     }
-    let ca = Ca::generate()?;
+    let ca = generate()?;
     write_private(&crt, ca.cert_pem.as_bytes())?;
     write_private(&key, ca.key_pem().as_bytes())?;
     Ok(ca)
@@ -67,10 +93,12 @@ fn worker_machine_config(controlplane: &str) -> String {
 
 /// The machine configuration every simulated node starts with (the nodes'
 /// hostnames come from the simulator, not from this document). Like a real
-/// control-plane configuration it carries the cluster's CA, key included:
+/// control-plane configuration it carries the cluster's CAs, keys included:
 /// a node in maintenance mode takes its PKI from it. Its etcd section
-/// carries a CA, which upstream's Validate requires of a control plane.
-pub fn default_machine_config(cfg: &SimConfig, ca: &Ca) -> String {
+/// carries the etcd CA, which upstream's Validate requires of a control
+/// plane, and `cluster.ca` the Kubernetes CA the admin kubeconfig is
+/// issued from (pkg/machinery/config/generate: `talosctl gen config`).
+pub(crate) fn default_machine_config(cfg: &SimConfig, cas: &ClusterCas) -> String {
     use base64::Engine as _;
     let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
     format!(
@@ -82,11 +110,16 @@ pub fn default_machine_config(cfg: &SimConfig, ca: &Ca) -> String {
          install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{version}\n\
          cluster:\n  clusterName: talos-sim\n  controlPlane:\n    endpoint: https://{ip}:6443\n  \
          secretboxEncryptionSecret: {secretbox}\n  \
-         etcd:\n    ca:\n      crt: {ca_crt}\n      key: {ca_key}\n    advertisedSubnets:\n      - 127.0.0.0/8\n",
+         ca:\n    crt: {k8s_crt}\n    key: {k8s_key}\n  \
+         etcd:\n    ca:\n      crt: {etcd_crt}\n      key: {etcd_key}\n    advertisedSubnets:\n      - 127.0.0.0/8\n",
         version = cfg.talos_version.tag(),
         ip = cfg.node_ip(1),
-        ca_crt = b64(&ca.cert_pem),
-        ca_key = b64(ca.key_pem()),
+        ca_crt = b64(&cas.os.cert_pem),
+        ca_key = b64(cas.os.key_pem()),
+        k8s_crt = b64(&cas.kubernetes.cert_pem),
+        k8s_key = b64(cas.kubernetes.key_pem()),
+        etcd_crt = b64(&cas.etcd.cert_pem),
+        etcd_key = b64(cas.etcd.key_pem()),
         secretbox = b64_bytes(&random_key()),
     )
 }
@@ -125,7 +158,9 @@ impl Cluster {
         if nodes_dir.exists() {
             std::fs::remove_dir_all(&nodes_dir).map_err(|e| SimError::io(&nodes_dir, e))?;
         }
-        let ca = load_or_create_ca(&cfg.dir)?;
+        let cas = ClusterCas::load_or_create(&cfg.dir)?;
+        let machine_config = default_machine_config(&cfg, &cas);
+        let ca = cas.os;
         let proxy = ca.issue(&LeafSpec::client(&["os:impersonator"]))?;
         let proxy_identity = Credentials::from_pem(
             ca.cert_pem.as_bytes(),
@@ -133,7 +168,6 @@ impl Cluster {
             proxy.key_pem.as_bytes(),
         );
         let proxy_peer = crate::serve::PeerInfo::of_certificate_pem(&proxy.cert_pem)?;
-        let machine_config = default_machine_config(&cfg, &ca);
         write_private(
             &cfg.dir.join("controlplane.yaml"),
             machine_config.as_bytes(),

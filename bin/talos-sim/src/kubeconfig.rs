@@ -2,8 +2,10 @@
 //! its running machine configuration and packaged as machined sends it
 //! (internal/app/machined/internal/server/v1alpha1, Kubeconfig): a gzipped
 //! tar archive holding one file `kubeconfig` (mode 0600), in one
-//! `common.Data` message. The simulator has one CA, so the Kubernetes admin
-//! certificate (`O=system:masters`, `CN=admin`) is issued by it.
+//! `common.Data` message. The admin certificate (`O=system:masters`,
+//! `CN=admin`, ECDSA P-256 like its CA) is issued by the cluster's
+//! Kubernetes CA, `cluster.ca` of the configuration, which the kubeconfig
+//! also trusts.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -12,15 +14,15 @@ use tonic::Status;
 use crate::pki::{Ca, LeafSpec};
 
 /// The archive for a node whose running configuration is `config`.
-pub(crate) fn archive(config: &str, ca: &Ca) -> Result<Vec<u8>, Status> {
-    let yaml = admin_kubeconfig(config, ca)?;
+pub(crate) fn archive(config: &str) -> Result<Vec<u8>, Status> {
+    let yaml = admin_kubeconfig(config)?;
     package(yaml.as_bytes()).map_err(|e| Status::internal(format!("kubeconfig archive: {e}")))
 }
 
 /// The kubeconfig upstream's `kubeconfig.GenerateAdmin` writes: one cluster,
 /// one user `admin@NAME`, one context `admin@NAME` (namespace default),
 /// current.
-fn admin_kubeconfig(config: &str, ca: &Ca) -> Result<String, Status> {
+fn admin_kubeconfig(config: &str) -> Result<String, Status> {
     let doc: serde_norway::Value = serde_norway::from_str(config)
         .map_err(|e| Status::internal(format!("machine config: {e}")))?;
     let field = |path: &[&str]| -> Result<String, Status> {
@@ -35,6 +37,19 @@ fn admin_kubeconfig(config: &str, ca: &Ca) -> Result<String, Status> {
     };
     let cluster = field(&["cluster", "clusterName"])?;
     let endpoint = field(&["cluster", "controlPlane", "endpoint"])?;
+    let pem = |path: &[&str]| -> Result<String, Status> {
+        let encoded = field(path)?;
+        let bytes = BASE64
+            .decode(encoded.trim())
+            .map_err(|e| Status::internal(format!("{}: {e}", path.join("."))))?;
+        String::from_utf8(bytes)
+            .map_err(|_| Status::internal(format!("{} is not PEM", path.join("."))))
+    };
+    let ca = Ca::load(
+        &pem(&["cluster", "ca", "crt"])?,
+        &pem(&["cluster", "ca", "key"])?,
+    )
+    .map_err(|e| Status::internal(format!("cluster.ca: {e}")))?;
     let mut spec = LeafSpec::client(&["system:masters"]);
     spec.common_name = Some("admin".into());
     let admin = ca

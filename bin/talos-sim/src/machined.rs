@@ -405,7 +405,7 @@ impl MachineService for Machined {
         authorize(&request, "Kubeconfig")?;
         self.node.check_controlplane("kubeconfig")?;
         let config = self.node.config.lock().expect("config lock").active.clone();
-        let archive = crate::kubeconfig::archive(&config, self.shared.ca())?;
+        let archive = crate::kubeconfig::archive(&config)?;
         let data = common::Data {
             metadata: None,
             bytes: archive.into(),

@@ -1,9 +1,13 @@
 //! A Talos-style PKI made with rcgen: an Ed25519 OS CA (`O=talos`), server
 //! certificates with IP SANs, and client certificates whose Organization
 //! values are Talos roles and whose only extended key usage is ClientAuth
-//! (as upstream's `pkg/machinery/config/generate/secrets/ca.go` issues them).
+//! (as upstream's `pkg/machinery/config/generate/secrets/ca.go` issues them);
+//! and the cluster's ECDSA P-256 CAs for Kubernetes (`O=kubernetes`) and etcd
+//! (`O=etcd`), whose leaves are ECDSA P-256 too (siderolabs/crypto
+//! `x509/keypair.go`, NewKeyPair, picks the leaf's key type from the CA's).
 //!
-//! Private keys are written with Talos's `ED25519 PRIVATE KEY` PEM label.
+//! Private keys are written as Talos writes them: Ed25519 under the
+//! `ED25519 PRIVATE KEY` PEM label, ECDSA as SEC 1 under `EC PRIVATE KEY`.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -41,12 +45,18 @@ impl std::fmt::Debug for CertAndKey {
     }
 }
 
-/// Serializes an rcgen key with Talos's PEM label when it is Ed25519.
-/// A key as Talos writes it (pkg/machinery crypto/x509): Ed25519 keys as
+/// A key as Talos writes it (siderolabs/crypto `x509`): Ed25519 keys as
 /// PKCS#8 v1 (RFC 5208: version 0, no public key inside) under the
-/// `ED25519 PRIVATE KEY` label. ring and rcgen produce v2 (RFC 5958, public
-/// key included), which OpenSSL 3.0 refuses to load.
+/// `ED25519 PRIVATE KEY` label (ring and rcgen produce v2, RFC 5958, public
+/// key included, which OpenSSL 3.0 refuses to load); ECDSA keys as Go's
+/// MarshalECPrivateKey does, SEC 1 with the curve named, under
+/// `EC PRIVATE KEY`.
 fn talos_key_pem(key: &KeyPair) -> String {
+    if key.algorithm() == &rcgen::PKCS_ECDSA_P256_SHA256 {
+        let sec1 = p256_pkcs8_to_sec1(&key.serialize_der())
+            .expect("ring's P-256 PKCS#8 holds a 32-byte scalar and a public point");
+        return pem_block("EC PRIVATE KEY", &sec1);
+    }
     if key.algorithm() != &rcgen::PKCS_ED25519 {
         return key.serialize_pem();
     }
@@ -85,10 +95,87 @@ fn pem_block(label: &str, der: &[u8]) -> String {
     pem
 }
 
-fn relabel_for_rcgen(key_pem: &str) -> String {
-    key_pem
-        .replace("BEGIN ED25519 PRIVATE KEY", "BEGIN PRIVATE KEY")
-        .replace("END ED25519 PRIVATE KEY", "END PRIVATE KEY")
+/// DER of the OIDs of a P-256 key: id-ecPublicKey and prime256v1.
+const EC_PUBLIC_KEY_OID: [u8; 9] = [0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
+const PRIME256V1_OID: [u8; 10] = [0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+
+/// The scalar and the uncompressed public point (65 bytes) of a P-256
+/// ECPrivateKey, wherever it sits (PKCS#8 or SEC 1): the 32-byte OCTET
+/// STRING after `version 1`, and the BIT STRING of the `[1]` field.
+fn p256_parts(der: &[u8]) -> Option<(&[u8], &[u8])> {
+    const VERSION_AND_SCALAR: [u8; 5] = [0x02, 0x01, 0x01, 0x04, 0x20];
+    const PUBLIC: [u8; 5] = [0xa1, 0x44, 0x03, 0x42, 0x00];
+    let at = der
+        .windows(VERSION_AND_SCALAR.len())
+        .position(|w| w == VERSION_AND_SCALAR)?
+        + VERSION_AND_SCALAR.len();
+    let scalar = der.get(at..at + 32)?;
+    let rest = &der[at + 32..];
+    let public_at = rest.windows(PUBLIC.len()).position(|w| w == PUBLIC)? + PUBLIC.len();
+    let point = rest.get(public_at..public_at + 65)?;
+    (point[0] == 0x04).then_some((scalar, point))
+}
+
+/// ECPrivateKey (RFC 5915) with or without the `[0]` curve parameters.
+fn ec_private_key(scalar: &[u8], point: &[u8], with_curve: bool) -> Vec<u8> {
+    let mut body = vec![0x02, 0x01, 0x01, 0x04, 0x20];
+    body.extend_from_slice(scalar);
+    if with_curve {
+        body.extend_from_slice(&[0xa0, PRIME256V1_OID.len() as u8]);
+        body.extend_from_slice(&PRIME256V1_OID);
+    }
+    body.extend_from_slice(&[0xa1, 0x44, 0x03, 0x42, 0x00]);
+    body.extend_from_slice(point);
+    let mut der = vec![0x30, body.len() as u8];
+    der.extend_from_slice(&body);
+    der
+}
+
+fn p256_pkcs8_to_sec1(pkcs8: &[u8]) -> Option<Vec<u8>> {
+    let (scalar, point) = p256_parts(pkcs8)?;
+    Some(ec_private_key(scalar, point, true))
+}
+
+/// PKCS#8 v1 around a SEC 1 P-256 key: what ring (rcgen's backend) loads.
+fn p256_sec1_to_pkcs8(sec1: &[u8]) -> Option<Vec<u8>> {
+    let (scalar, point) = p256_parts(sec1)?;
+    let inner = ec_private_key(scalar, point, false);
+    let mut body = vec![
+        0x02,
+        0x01,
+        0x00,
+        0x30,
+        (EC_PUBLIC_KEY_OID.len() + PRIME256V1_OID.len()) as u8,
+    ];
+    body.extend_from_slice(&EC_PUBLIC_KEY_OID);
+    body.extend_from_slice(&PRIME256V1_OID);
+    body.extend_from_slice(&[0x04, inner.len() as u8]);
+    body.extend_from_slice(&inner);
+    let mut der = vec![0x30, 0x81, body.len() as u8];
+    der.extend_from_slice(&body);
+    Some(der)
+}
+
+/// Loads a key in any of the forms Talos writes (see [`talos_key_pem`]),
+/// or plain PKCS#8.
+fn load_key(key_pem: &str) -> Result<KeyPair, PkiError> {
+    if key_pem.contains("-----BEGIN EC PRIVATE KEY-----") {
+        use base64::Engine as _;
+        let body: String = key_pem
+            .lines()
+            .filter(|l| !l.starts_with("-----"))
+            .collect();
+        let sec1 = base64::engine::general_purpose::STANDARD
+            .decode(body.trim())
+            .map_err(|_| rcgen::Error::CouldNotParseKeyPair)?;
+        let pkcs8 = p256_sec1_to_pkcs8(&sec1).ok_or(rcgen::Error::CouldNotParseKeyPair)?;
+        return Ok(KeyPair::try_from(pkcs8.as_slice())?);
+    }
+    Ok(KeyPair::from_pem(
+        &key_pem
+            .replace("BEGIN ED25519 PRIVATE KEY", "BEGIN PRIVATE KEY")
+            .replace("END ED25519 PRIVATE KEY", "END PRIVATE KEY"),
+    )?)
 }
 
 /// Which extended key usages a leaf certificate lists.
@@ -185,7 +272,26 @@ impl Ca {
 
     /// Generates an Ed25519 CA with the given Organization values.
     pub fn generate_with(organizations: &[&str]) -> Result<Ca, PkiError> {
-        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
+        Ca::generate_for(&rcgen::PKCS_ED25519, organizations)
+    }
+
+    /// Generates the cluster's Kubernetes CA as upstream's NewKubernetesCA:
+    /// ECDSA P-256, `O=kubernetes`, valid for ten years.
+    pub fn generate_kubernetes() -> Result<Ca, PkiError> {
+        Ca::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256, &["kubernetes"])
+    }
+
+    /// Generates the cluster's etcd CA as upstream's NewEtcdCA: ECDSA
+    /// P-256, `O=etcd`, valid for ten years.
+    pub fn generate_etcd() -> Result<Ca, PkiError> {
+        Ca::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256, &["etcd"])
+    }
+
+    fn generate_for(
+        algorithm: &'static rcgen::SignatureAlgorithm,
+        organizations: &[&str],
+    ) -> Result<Ca, PkiError> {
+        let key = KeyPair::generate_for(algorithm)?;
         let now = OffsetDateTime::now_utc();
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
@@ -217,7 +323,7 @@ impl Ca {
 
     /// Loads an existing CA from its certificate and key PEM.
     pub fn load(cert_pem: &str, key_pem: &str) -> Result<Ca, PkiError> {
-        let key = KeyPair::from_pem(&relabel_for_rcgen(key_pem))?;
+        let key = load_key(key_pem)?;
         let issuer = Issuer::from_ca_cert_pem(cert_pem, key)?;
         Ok(Ca {
             issuer,
@@ -231,9 +337,15 @@ impl Ca {
         &self.key_pem
     }
 
-    /// Issues an Ed25519 leaf certificate.
+    /// Issues a leaf certificate whose key is of the CA's own type
+    /// (Ed25519 or ECDSA P-256).
     pub fn issue(&self, spec: &LeafSpec) -> Result<CertAndKey, PkiError> {
-        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
+        let algorithm = if self.issuer.key().algorithm() == &rcgen::PKCS_ECDSA_P256_SHA256 {
+            &rcgen::PKCS_ECDSA_P256_SHA256
+        } else {
+            &rcgen::PKCS_ED25519
+        };
+        let key = KeyPair::generate_for(algorithm)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         for org in &spec.organizations {
@@ -289,7 +401,50 @@ mod tests {
             "{pem}"
         );
         // rcgen (ring) reads it back as the same key.
-        let again = KeyPair::from_pem(&relabel_for_rcgen(&pem)).unwrap();
+        let again = load_key(&pem).unwrap();
         assert_eq!(again.public_key_raw(), key.public_key_raw());
+    }
+
+    #[test]
+    fn ecdsa_keys_are_sec1_with_the_curve_named_and_read_back() {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let pem = talos_key_pem(&key);
+        // SEQUENCE (0x77), version 1, 32-byte scalar: "MHcCAQEEI".
+        assert!(
+            pem.starts_with("-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEI"),
+            "{pem}"
+        );
+        let again = load_key(&pem).unwrap();
+        assert_eq!(again.public_key_raw(), key.public_key_raw());
+        assert_eq!(again.algorithm(), &rcgen::PKCS_ECDSA_P256_SHA256);
+    }
+
+    #[test]
+    fn a_kubernetes_ca_issues_ecdsa_leaves_and_survives_a_reload() {
+        let ca = Ca::generate_kubernetes().unwrap();
+        assert!(ca.key_pem().starts_with("-----BEGIN EC PRIVATE KEY-----"));
+        let again = Ca::load(&ca.cert_pem, ca.key_pem()).unwrap();
+        let mut spec = LeafSpec::client(&["system:masters"]);
+        spec.common_name = Some("admin".into());
+        let leaf = again.issue(&spec).unwrap();
+        assert!(leaf.key_pem.starts_with("-----BEGIN EC PRIVATE KEY-----"));
+        let der = {
+            use base64::Engine as _;
+            let body: String = leaf
+                .cert_pem
+                .lines()
+                .filter(|l| !l.starts_with("-----"))
+                .collect();
+            base64::engine::general_purpose::STANDARD
+                .decode(body)
+                .unwrap()
+        };
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        assert_eq!(cert.issuer().to_string(), "O=kubernetes");
+        assert_eq!(cert.subject().to_string(), "O=system:masters, CN=admin");
+        assert_eq!(
+            cert.public_key().algorithm.algorithm.to_id_string(),
+            "1.2.840.10045.2.1"
+        );
     }
 }

@@ -120,6 +120,7 @@ async fn every_error_is_listed_in_upstreams_order() {
         message,
         upstream(&[
             "etcd config is only allowed on control plane machines",
+            "cluster CA key is not allowed on non-controlplane nodes (.cluster.ca)",
             "unknown machine type \"master\"",
         ])
     );
@@ -140,7 +141,9 @@ async fn a_worker_config_with_a_ca_key_or_etcd_is_refused_and_join_warns() {
         refused(&worker, control, true).await,
         upstream(&[
             "etcd config is only allowed on control plane machines",
+            "cluster CA key is not allowed on non-controlplane nodes (.cluster.ca)",
             "issuing Talos API CA key is not allowed on non-controlplane nodes (.machine.ca)",
+            "issuing Kubernetes API CA key is not allowed on non-controlplane nodes (.cluster.ca)",
         ])
     );
     // `join` is a worker, with a warning (staged: a type change is not

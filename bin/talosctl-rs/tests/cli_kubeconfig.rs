@@ -119,3 +119,81 @@ async fn kubeconfig_writes_merges_and_forces() {
         reader.stderr
     );
 }
+
+/// Runs openssl with `args`, panicking with its output when it fails.
+fn openssl(args: &[&str]) -> String {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("openssl runs (scripts/install-deps.sh installs it)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "openssl {args:?}: {text}");
+    text
+}
+
+/// The kubeconfig's PKI is the cluster's Kubernetes PKI as upstream makes it
+/// (pkg/machinery/config/generate/secrets/ca.go, NewKubernetesCA; the admin
+/// pair from siderolabs/crypto NewKeyPair): an ECDSA P-256 CA with
+/// `O=kubernetes`, not the Talos OS CA, and an ECDSA client key that
+/// OpenSSL-based clients load (they cannot load Ed25519 keys under Talos's
+/// own PEM label).
+#[tokio::test]
+async fn the_kubeconfig_is_issued_by_the_clusters_ecdsa_kubernetes_ca_and_opens_with_openssl() {
+    use base64::Engine as _;
+    let sim = SimCluster::start(1).await;
+    let tc = sim.dir.path().join("talosconfig");
+    let out = tempfile::tempdir().unwrap();
+    let path = out.path().join("kubeconfig");
+    run(
+        &tc,
+        &["-n", &sim.ip(1), "kubeconfig", path.to_str().unwrap()],
+    )
+    .await
+    .ok();
+    let config = yaml(&path);
+    let decode = |v: &serde_json::Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap())
+            .unwrap()
+    };
+    let ca = decode(&config["clusters"][0]["cluster"]["certificate-authority-data"]);
+    let crt = decode(&config["users"][0]["user"]["client-certificate-data"]);
+    let key = decode(&config["users"][0]["user"]["client-key-data"]);
+    for (name, bytes) in [("ca.crt", &ca), ("admin.crt", &crt), ("admin.key", &key)] {
+        std::fs::write(out.path().join(name), bytes).unwrap();
+    }
+    let file = |name: &str| out.path().join(name).to_str().unwrap().to_string();
+
+    assert_eq!(
+        ca,
+        std::fs::read(sim.dir.path().join("pki/kubernetes-ca.crt")).unwrap(),
+        "the kubeconfig trusts the cluster's Kubernetes CA"
+    );
+    assert_ne!(
+        ca,
+        std::fs::read(sim.dir.path().join("pki/ca.crt")).unwrap(),
+        "the Talos OS CA is not the Kubernetes CA"
+    );
+    let ca_text = openssl(&["x509", "-in", &file("ca.crt"), "-noout", "-text"]);
+    assert!(ca_text.contains("Subject: O = kubernetes"), "{ca_text}");
+    assert!(ca_text.contains("NIST CURVE: P-256"), "{ca_text}");
+    assert!(ca_text.contains("CA:TRUE"), "{ca_text}");
+
+    assert!(String::from_utf8_lossy(&key).starts_with("-----BEGIN EC PRIVATE KEY-----"));
+    let key_text = openssl(&["pkey", "-in", &file("admin.key"), "-noout", "-text"]);
+    assert!(key_text.contains("NIST CURVE: P-256"), "{key_text}");
+    let crt_text = openssl(&["x509", "-in", &file("admin.crt"), "-noout", "-subject"]);
+    assert!(
+        crt_text.contains("subject=O = system:masters, CN = admin"),
+        "{crt_text}"
+    );
+    openssl(&["verify", "-CAfile", &file("ca.crt"), &file("admin.crt")]);
+    // The key is the certificate's: same public key.
+    let from_key = openssl(&["pkey", "-in", &file("admin.key"), "-pubout"]);
+    let from_crt = openssl(&["x509", "-in", &file("admin.crt"), "-noout", "-pubkey"]);
+    assert_eq!(from_key, from_crt);
+}

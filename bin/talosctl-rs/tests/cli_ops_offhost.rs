@@ -368,7 +368,7 @@ async fn a_kit_goes_beside_the_snapshot_and_its_key_opens_a_secret() {
     let detail = stored["steps"][0]["detail"].as_str().unwrap();
     assert!(
         detail
-            .contains("kit: 1 encryption key(s), 3 member(s), 2 CA(s), 3 configuration digest(s)"),
+            .contains("kit: 1 encryption key(s), 3 member(s), 3 CA(s), 3 configuration digest(s)"),
         "{detail}"
     );
     let key = stored["facts"]["off_host"]["key"]

@@ -73,6 +73,53 @@ pub struct ServiceInfo {
     pub events: Vec<ServiceEvent>,
 }
 
+/// The services Talos runs with a health check of its own
+/// (internal/app/machined/pkg/system/services: each has a HealthFunc). Their
+/// health is unknown only until the first check after a (re)start.
+const HEALTH_CHECKED: [&str; 8] = [
+    "apid",
+    "containerd",
+    "cri",
+    "etcd",
+    "kubelet",
+    "machined",
+    "trustd",
+    "udevd",
+];
+
+impl ServiceInfo {
+    /// Whether the service is up as machined counts it
+    /// (internal/app/machined/pkg/system/service_runner.go, the "up" state
+    /// event): finished or skipped, or running and, when Talos checks its
+    /// health, healthy. A health-checked service whose health is still
+    /// unknown (just restarted, such as the kubelet after a kubelet change)
+    /// is not up; another service (an extension) with unknown health is.
+    pub fn is_up(&self) -> bool {
+        self.problem().is_none()
+    }
+
+    /// Why the service is not up, as "ID (STATE...)"; `None` when it is.
+    pub fn problem(&self) -> Option<String> {
+        let (id, state) = (&self.id, &self.state);
+        match state.as_str() {
+            "Finished" | "Skipped" => return None,
+            "Running" => {}
+            _ => return Some(format!("{id} ({state})")),
+        }
+        let h = &self.health;
+        if h.unknown {
+            return HEALTH_CHECKED
+                .contains(&id.as_str())
+                .then(|| format!("{id} ({state}, health not known yet)"));
+        }
+        match (h.healthy, h.last_message.is_empty()) {
+            (true, _) => None,
+            (false, true) => Some(format!("{id} ({state}, unhealthy)")),
+            (false, false) => Some(format!("{id} ({state}, unhealthy: {})", h.last_message)),
+        }
+    }
+}
+
 fn timestamp(ts: Option<prost_types::Timestamp>) -> Option<OffsetDateTime> {
     let ts = ts?;
     let nanos = i128::from(ts.seconds) * 1_000_000_000 + i128::from(ts.nanos);
@@ -220,5 +267,50 @@ impl Client<One> {
             },
             Err(status) => Err(Error::from_status(&status, Some(&node))),
         }))
+    }
+}
+
+#[cfg(test)]
+mod service_tests {
+    use super::*;
+
+    fn service(id: &str, state: &str, unknown: bool, healthy: bool, msg: &str) -> ServiceInfo {
+        ServiceInfo {
+            id: id.into(),
+            state: state.into(),
+            health: ServiceHealth {
+                unknown,
+                healthy,
+                last_message: msg.into(),
+                last_change: None,
+            },
+            events: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_service_is_up_as_machined_counts_it() {
+        assert!(service("etcd", "Running", false, true, "").is_up());
+        assert!(service("ext-foo", "Finished", true, false, "").is_up());
+        // An extension without a health check stays unknown for good.
+        assert!(service("ext-iscsid", "Running", true, false, "").is_up());
+        assert_eq!(
+            service("kubelet", "Running", true, false, "")
+                .problem()
+                .as_deref(),
+            Some("kubelet (Running, health not known yet)")
+        );
+        assert_eq!(
+            service("kubelet", "Running", false, false, "connection refused")
+                .problem()
+                .as_deref(),
+            Some("kubelet (Running, unhealthy: connection refused)")
+        );
+        assert_eq!(
+            service("etcd", "Preparing", true, false, "")
+                .problem()
+                .as_deref(),
+            Some("etcd (Preparing)")
+        );
     }
 }

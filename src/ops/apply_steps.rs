@@ -329,14 +329,7 @@ impl Ops {
             .service_list()
             .await
             .map_err(|e| format!("{node}'s services cannot be read: {e}"))?;
-        let bad: Vec<String> = services
-            .iter()
-            .filter(|s| {
-                !matches!(s.state.as_str(), "Running" | "Finished" | "Skipped")
-                    || (!s.health.unknown && !s.health.healthy)
-            })
-            .map(|s| format!("{} ({}{})", s.id, s.state, unhealthy(&s.health)))
-            .collect();
+        let bad: Vec<String> = services.iter().filter_map(|s| s.problem()).collect();
         if !bad.is_empty() {
             return Err(format!(
                 "{node}'s services are not healthy: {}",
@@ -550,16 +543,6 @@ impl Ops {
                     && matches!(e.state.as_str(), "Waiting" | "Preparing")
             })
         }))
-    }
-}
-
-fn unhealthy(health: &crate::client::ServiceHealth) -> String {
-    if health.unknown || health.healthy {
-        String::new()
-    } else if health.last_message.is_empty() {
-        ", unhealthy".into()
-    } else {
-        format!(", unhealthy: {}", health.last_message)
     }
 }
 

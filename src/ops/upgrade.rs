@@ -716,14 +716,7 @@ impl Ops {
             .service_list()
             .await
             .map_err(|e| format!("{}'s services cannot be read: {e}", node.hostname))?;
-        let bad: Vec<String> = services
-            .iter()
-            .filter(|s| {
-                !matches!(s.state.as_str(), "Running" | "Finished" | "Skipped")
-                    || (!s.health.unknown && !s.health.healthy)
-            })
-            .map(|s| format!("{} ({})", s.id, s.state))
-            .collect();
+        let bad: Vec<String> = services.iter().filter_map(|s| s.problem()).collect();
         if !bad.is_empty() {
             return Err(format!(
                 "{}'s services are not healthy: {}",

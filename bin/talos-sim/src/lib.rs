@@ -47,6 +47,7 @@ mod go_errors;
 mod health;
 mod immediate;
 mod kubeconfig;
+mod kubelet;
 mod lifecycle;
 mod machined;
 mod machined_apply;
@@ -227,6 +228,9 @@ pub struct TalosTiming {
     pub health_period: Duration,
     /// The etcd service's health check: the deadline of one check.
     pub health_timeout: Duration,
+    /// The kubelet service's health check: the wait before the first check
+    /// after the service (re)starts.
+    pub kubelet_health_initial_delay: Duration,
     /// ImageService.Pull from 1.14: the unit of the exponential backoff
     /// between attempts to pull an image the registry does not have
     /// (internal/pkg/containers/image: PullRetryInterval, five retries
@@ -243,7 +247,8 @@ impl TalosTiming {
     /// attempt, within 30 s), and the etcd service checked
     /// 5 s after it starts, then every 20 s with a 15 s deadline
     /// (internal/app/machined/pkg/system/services/etcd.go: promoteMember,
-    /// buildInitialCluster, HealthSettings; constants.EtcdJoinTimeout).
+    /// buildInitialCluster, HealthSettings; constants.EtcdJoinTimeout); the
+    /// kubelet service first checked 2 s after it starts (services/kubelet.go).
     pub const UPSTREAM: TalosTiming = TalosTiming {
         leave_retry_interval: Duration::from_secs(10),
         leave_retry_limit: Duration::from_secs(300),
@@ -259,6 +264,7 @@ impl TalosTiming {
         health_initial_delay: Duration::from_secs(5),
         health_period: Duration::from_secs(20),
         health_timeout: Duration::from_secs(15),
+        kubelet_health_initial_delay: Duration::from_secs(2),
         image_pull_retry_unit: Duration::from_secs(5),
     };
 
@@ -282,6 +288,7 @@ impl TalosTiming {
             health_initial_delay: up.health_initial_delay / d,
             health_period: up.health_period / d,
             health_timeout: up.health_timeout / d,
+            kubelet_health_initial_delay: up.kubelet_health_initial_delay / d,
             image_pull_retry_unit: up.image_pull_retry_unit / d,
         }
     }

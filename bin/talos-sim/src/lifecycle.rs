@@ -421,6 +421,7 @@ pub(crate) fn lock_sequence<'a>(
 /// The events and kernel messages of a node that has just booted, for a
 /// node started with the cluster or added to it.
 pub(crate) fn record_boot(node: &Node) {
+    node.kubelet.start();
     super::events::kernel_boot_messages(node);
     let log = &node.runtime_events;
     publish::sequence(log, "boot", true, "", "");

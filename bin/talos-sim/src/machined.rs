@@ -93,6 +93,46 @@ impl Machined {
         }
     }
 
+    /// The kubelet service (see [`crate::kubelet`]): running since its last
+    /// start, its health unknown until the first check.
+    fn kubelet_service(&self) -> machine::ServiceInfo {
+        let Some(k) = self
+            .node
+            .kubelet
+            .state(self.node.timing.kubelet_health_initial_delay)
+        else {
+            return Self::static_service("kubelet");
+        };
+        let event = |msg: &str, state: &str, at| machine::ServiceEvent {
+            msg: msg.into(),
+            state: state.into(),
+            ts: Some(timestamp(at)),
+        };
+        let mut events = vec![
+            event("Running pre stage", "Preparing", k.started),
+            event("Creating service runner", "Preparing", k.started),
+            event(
+                "Started task kubelet (PID 0) for container kubelet",
+                "Running",
+                k.started,
+            ),
+        ];
+        if k.checked {
+            events.push(event("Health check successful", "Running", k.first_check));
+        }
+        machine::ServiceInfo {
+            id: "kubelet".into(),
+            state: "Running".into(),
+            events: Some(machine::ServiceEvents { events }),
+            health: Some(machine::ServiceHealth {
+                unknown: !k.checked,
+                healthy: k.checked,
+                last_message: String::new(),
+                last_change: k.checked.then(|| timestamp(k.first_check)),
+            }),
+        }
+    }
+
     fn static_service(id: &str) -> machine::ServiceInfo {
         machine::ServiceInfo {
             id: id.into(),
@@ -219,6 +259,7 @@ impl MachineService for Machined {
                 "etcd" if control_plane => services.push(self.etcd_service().await),
                 "etcd" => {}
                 "trustd" if !control_plane => {}
+                "kubelet" => services.push(self.kubelet_service()),
                 _ => services.push(Self::static_service(id)),
             }
         }

@@ -163,6 +163,7 @@ impl Machined {
                 // which after an earlier TRY is that TRY's, not the
                 // persisted one (v1alpha1_runtime.go, RollbackToConfigAfter).
                 let before = std::mem::replace(&mut state.active, config);
+                node.kubelet.restart_on_change(&before, &state.active);
                 let task = tokio::spawn(roll_back_after(node.clone(), before, try_timeout));
                 state.rollback = Some(task.abort_handle());
                 format!(
@@ -172,6 +173,7 @@ impl Machined {
             }
             Mode::NoReboot | Mode::Auto => {
                 persist(&config)?;
+                node.kubelet.restart_on_change(&state.active, &config);
                 state.active = config;
                 "Applied configuration without a reboot".into()
             }
@@ -198,6 +200,7 @@ async fn roll_back_after(node: Arc<Node>, previous: String, timeout: Duration) {
     tokio::time::sleep(timeout).await;
     let mut state = node.config.lock().expect("config lock");
     tracing::info!(node = %node.name, "rolling back the configuration applied in try mode");
+    node.kubelet.restart_on_change(&state.active, &previous);
     state.active = previous;
     state.rollback = None;
 }

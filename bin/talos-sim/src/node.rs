@@ -122,6 +122,8 @@ pub struct Node {
     events: Arc<Mutex<Vec<ServiceEvent>>>,
     /// The etcd service's health checker.
     pub(crate) etcd_health: super::etcd_health::EtcdHealth,
+    /// The kubelet service: when it last (re)started.
+    pub(crate) kubelet: super::kubelet::Kubelet,
     /// The Talos schedules this node runs on.
     pub(crate) timing: super::TalosTiming,
     /// The Talos release the node runs.
@@ -242,6 +244,7 @@ impl Node {
             front: Mutex::new(None),
             events: Arc::new(Mutex::new(Vec::new())),
             etcd_health: super::etcd_health::EtcdHealth::new(),
+            kubelet: super::kubelet::Kubelet::new(),
             timing: layout.timing,
             version: Mutex::new(layout.version),
             etcd_dir_pin: Mutex::new(None),
@@ -533,6 +536,7 @@ impl Node {
 
     pub(crate) fn new_boot(&self) {
         *self.boot_id.lock().expect("boot id lock") = new_boot_id();
+        self.kubelet.start();
     }
 
     /// The node's identity (`Identities.cluster.talos.dev`, id `local`):

@@ -21,6 +21,17 @@ impl Fixture {
         }
     }
 
+    /// A fixture whose simulator configuration `adjust` may change first.
+    pub async fn start_with(
+        nodes: usize,
+        adjust: impl FnOnce(&mut talos_sim::SimConfig),
+    ) -> Fixture {
+        Fixture {
+            sim: SimCluster::start_with(nodes, adjust).await,
+            state: tempfile::tempdir().unwrap(),
+        }
+    }
+
     pub fn talosconfig(&self) -> PathBuf {
         self.sim.dir.path().join("talosconfig")
     }

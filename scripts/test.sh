@@ -36,6 +36,11 @@ fi
 
 cargo build --locked --examples
 cargo test --locked --workspace
+# The apply, health and migrate (join + retire) tests once more on Talos's own
+# schedules (talos-sim's timing divisor 1 instead of the tests' 10): a
+# promotion after the 15 s retry, etcd health checked every 20 s.
+TALOS_SIM_TIMING_DIVISOR=1 cargo test --locked -p talosctl-rs \
+  --test cli_ops_apply --test cli_health --test cli_ops_migrate
 # Off-host backups (feature `backup`): a real S3 server on loopback, age,
 # zstd and a throwaway etcd.
 cargo test --locked -p talos-client --features backup --lib \

@@ -229,6 +229,10 @@ async fn a_layer2_vip_is_held_by_exactly_one_node_and_moves_when_it_leaves() {
     };
     let first = holders().await.unwrap();
     assert_eq!(first.len(), 1, "{first:?}");
+    // Leave waits for the local member's healthy service, then retries
+    // etcd's "unhealthy cluster" (just after start): both before the call's
+    // 30 s deadline only once the members are healthy.
+    sim.wait_etcd_healthy(3).await;
     client
         .node(sim.ip(first[0]))
         .etcd_leave_cluster()

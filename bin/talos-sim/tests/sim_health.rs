@@ -45,17 +45,7 @@ async fn healthy_cluster(
         adjust(cfg)
     })
     .await;
-    let client = sim.admin();
-    for i in 1..=nodes {
-        let node = client.node(sim.ip(i));
-        wait_for("etcd to be healthy", Duration::from_secs(20), || async {
-            let services = node.service_list().await.ok()?;
-            services
-                .into_iter()
-                .find(|s| s.id == "etcd" && s.health.healthy)
-        })
-        .await;
-    }
+    sim.wait_etcd_healthy(nodes).await;
     sim
 }
 

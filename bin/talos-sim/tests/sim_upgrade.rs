@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::sim::{SimCluster, wait_for};
 use futures::StreamExt as _;
-use talos_client::client::{ImageNamespace, InstallProgress, RebootMode, UpgradeRequest};
+use talos_client::client::{
+    ApplyMode, ApplyRequest, ImageNamespace, InstallProgress, RebootMode, UpgradeRequest,
+};
 use talos_client::{Client, Error};
 use talos_sim::UpgradeFault;
 use talos_sim::node::Power;
@@ -91,6 +93,41 @@ async fn legacy_upgrade_boots_the_target_as_the_same_member_with_its_data() {
         admin.node(sim.ip(1)).version().await.unwrap().tag,
         "v1.13.9"
     );
+
+    // The upgraded node behaves as 1.14 (v1alpha1_server.go at v1.14.0):
+    // REBOOT refused, AUTO applied in place; its 1.13.9 peers keep
+    // 1.13.9's answers to the same requests.
+    let config = node
+        .active_config()
+        .replace("certSANs: []", "certSANs: [upgraded.example]");
+    let request = |mode| ApplyRequest::new(config.clone(), mode).with_dry_run(true);
+    match admin
+        .node(sim.ip(2))
+        .apply_configuration(request(ApplyMode::Reboot))
+        .await
+    {
+        Err(Error::Unimplemented(f)) => assert_eq!(
+            f.message,
+            "the REBOOT mode is not supported, please use AUTO or NO_REBOOT modes instead"
+        ),
+        other => panic!("expected Unimplemented from the upgraded node, got {other:?}"),
+    }
+    let token = config.replace("token: talos-sim-token", "token: another-token");
+    let auto = |ip: String| {
+        let (node, token) = (admin.node(ip), token.clone());
+        async move {
+            node.apply_configuration(ApplyRequest::new(token, ApplyMode::Auto).with_dry_run(true))
+                .await
+        }
+    };
+    assert_eq!(auto(sim.ip(2)).await.unwrap().mode, ApplyMode::NoReboot);
+    assert_eq!(auto(sim.ip(1)).await.unwrap().mode, ApplyMode::Reboot);
+    let peer = admin
+        .node(sim.ip(1))
+        .apply_configuration(request(ApplyMode::Reboot))
+        .await
+        .unwrap();
+    assert_eq!(peer.mode, ApplyMode::Reboot);
 }
 
 #[tokio::test]

@@ -685,7 +685,7 @@ async fn the_gate_waits_for_the_kubelet_a_kubelet_change_restarts() {
     let f = Fixture::start_with(1, |cfg| {
         cfg.timing = talos_sim::TalosTiming {
             kubelet_health_initial_delay: std::time::Duration::from_secs(8),
-            ..talos_sim::TalosTiming::scaled_down(10)
+            ..talos_sim::TalosTiming::scaled_down(talos_test_support::sim::timing_divisor())
         }
     })
     .await;

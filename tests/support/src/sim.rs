@@ -18,10 +18,12 @@ impl SimCluster {
     /// Starts a cluster whose Talos schedules (EtcdLeaveCluster's retries,
     /// the wait for the local member) run ten times faster than upstream's,
     /// so a leave that meets etcd's "unhealthy cluster" just after startup
-    /// retries after 1 s, not 10 s.
+    /// retries after 1 s, not 10 s. `TALOS_SIM_TIMING_DIVISOR` sets another
+    /// divisor: 1 runs the tests on upstream's own schedules.
     pub async fn start(nodes: usize) -> SimCluster {
+        let divisor = timing_divisor();
         SimCluster::start_with(nodes, |cfg| {
-            cfg.timing = talos_sim::TalosTiming::scaled_down(10)
+            cfg.timing = talos_sim::TalosTiming::scaled_down(divisor)
         })
         .await
     }
@@ -74,6 +76,23 @@ impl SimCluster {
         .await
     }
 
+    /// Waits until the etcd service of each of the first `nodes` nodes is
+    /// healthy (its first health check has passed): before that, Talos's
+    /// leave and forfeit wait for it.
+    pub async fn wait_etcd_healthy(&self, nodes: usize) {
+        let client = self.admin();
+        for i in 1..=nodes {
+            let node = client.node(self.ip(i));
+            wait_for("etcd to be healthy", Duration::from_secs(60), || async {
+                let services = node.service_list().await.ok()?;
+                services
+                    .into_iter()
+                    .find(|s| s.id == "etcd" && s.health.healthy)
+            })
+            .await;
+        }
+    }
+
     /// The address of node `i` (from 1).
     pub fn ip(&self, i: usize) -> String {
         self.cluster.nodes()[i - 1].ip.to_string()
@@ -93,5 +112,18 @@ where
         }
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The divisor of Talos's schedules for [`SimCluster::start`]: 10, or
+/// `TALOS_SIM_TIMING_DIVISOR`.
+pub fn timing_divisor() -> u32 {
+    match std::env::var("TALOS_SIM_TIMING_DIVISOR") {
+        Ok(v) => {
+            v.parse().ok().filter(|d| *d >= 1).unwrap_or_else(|| {
+                panic!("TALOS_SIM_TIMING_DIVISOR={v:?} is not a whole number >= 1")
+            })
+        }
+        Err(_) => 10,
     }
 }

@@ -6,7 +6,10 @@
 //! from `cluster_info` or else from discovery, which keeps a node that
 //! powered off (its entry ages out, it does not vanish); the checks are
 //! etcd service health, member lists compared as (hostname, id, learner),
-//! member IPs within the control-plane IPs, and apid readiness. The
+//! member IPs within the control-plane IPs, apid readiness, memory, disks
+//! and diagnostics (which a simulated node always passes), the kubelet
+//! service's health on the control plane, and every node's boot sequence
+//! finished (PreBootSequenceChecks in pkg/cluster/check/default.go). The
 //! Kubernetes-level checks that follow upstream are not simulated.
 
 use std::collections::BTreeSet;
@@ -73,11 +76,16 @@ fn multi_error(errors: &[String]) -> String {
     format!("{} {noun} occurred:\n{points}\n", errors.len())
 }
 
-const CHECKS: [&str; 4] = [
+const CHECKS: [&str; 9] = [
     "etcd to be healthy",
     "etcd members to be consistent across nodes",
     "etcd members to be control plane nodes",
     "apid to be ready",
+    "all nodes memory sizes",
+    "all nodes disk sizes",
+    "no diagnostics",
+    "kubelet to be healthy",
+    "all nodes to finish boot sequence",
 ];
 
 /// How often a failing check is tried again.
@@ -164,6 +172,9 @@ async fn step(shared: &Arc<Shared>, check: &str, info: &ClusterInfo) -> Result<(
         "etcd members to be control plane nodes" => {
             members_are_control_plane(shared, &info.control_plane).await
         }
+        "all nodes memory sizes" | "all nodes disk sizes" | "no diagnostics" => Ok(()),
+        "kubelet to be healthy" => kubelet_healthy(shared, &info.control_plane),
+        "all nodes to finish boot sequence" => all_booted(shared, &info.all()),
         _ => {
             let errors: Vec<String> = info
                 .all()
@@ -207,6 +218,57 @@ async fn etcd_healthy(shared: &Arc<Shared>, nodes: &[String]) -> Result<(), Stri
     } else {
         Err(multi_error(&errors))
     }
+}
+
+/// pkg/cluster/check/service.go ServiceHealthAssertion for the kubelet:
+/// its health is unknown, so not healthy, until its first check after a
+/// (re)start (see [`crate::kubelet`]).
+fn kubelet_healthy(shared: &Shared, nodes: &[String]) -> Result<(), String> {
+    let mut errors = Vec::new();
+    for ip in nodes {
+        match reachable(shared, ip) {
+            Err(e) => errors.push(e),
+            Ok(node) => {
+                let checked = node
+                    .kubelet
+                    .state(node.timing.kubelet_health_initial_delay)
+                    .is_some_and(|k| k.checked);
+                if !checked {
+                    errors.push(format!("{ip}: service is not healthy: kubelet"));
+                }
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(multi_error(&errors))
+    }
+}
+
+/// pkg/cluster/check/events.go AllNodesBootedAssertion: every node's
+/// machine stage is running; a node in maintenance mode is named under its
+/// stage, and one that has not reported keeps the check waiting.
+fn all_booted(shared: &Shared, nodes: &[String]) -> Result<(), String> {
+    let mut maintenance = Vec::new();
+    for ip in nodes {
+        match shared.find(ip) {
+            Some(node) if node.power() == Power::On => {
+                if !node.is_configured() {
+                    maintenance.push(ip.clone());
+                }
+            }
+            _ => return Err("context deadline exceeded".into()),
+        }
+    }
+    if maintenance.is_empty() {
+        return Ok(());
+    }
+    maintenance.sort();
+    Err(format!(
+        "nodes are not running: maintenance: [{}]",
+        maintenance.join(" ")
+    ))
 }
 
 /// (hostname, id, learner) of every member, as one node lists them.

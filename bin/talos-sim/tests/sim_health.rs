@@ -61,6 +61,11 @@ async fn a_healthy_cluster_passes_and_a_zero_wait_fails_at_once() {
         "etcd members to be consistent across nodes",
         "etcd members to be control plane nodes",
         "apid to be ready",
+        "all nodes memory sizes",
+        "all nodes disk sizes",
+        "no diagnostics",
+        "kubelet to be healthy",
+        "all nodes to finish boot sequence",
     ] {
         assert!(
             lines.contains(&format!("waiting for {check}: OK")),
@@ -194,5 +199,33 @@ async fn a_cluster_without_quorum_is_not_healthy() {
             .unwrap()
             .thaw_etcd()
             .await;
+    }
+}
+
+/// After apid, the check waits for the kubelet service to be healthy on the
+/// control plane (pkg/cluster/check/default.go, PreBootSequenceChecks;
+/// service.go, ServiceHealthAssertion): a kubelet whose first health check
+/// has not run yet is not healthy, and the node is named.
+#[tokio::test]
+async fn a_kubelet_not_checked_yet_is_not_healthy() {
+    let sim = healthy_cluster(2, |cfg| {
+        cfg.timing.kubelet_health_initial_delay = Duration::from_secs(3600);
+    })
+    .await;
+    let (lines, end) = run(&sim, sim.ip(1), wait(3)).await;
+    let Err(Error::DeadlineExceeded(f)) = end else {
+        panic!("expected DeadlineExceeded, got {end:?} after {lines:?}");
+    };
+    assert!(
+        lines.contains(&"waiting for apid to be ready: OK".to_string()),
+        "{lines:?}"
+    );
+    for i in [1, 2] {
+        assert!(
+            f.message
+                .contains(&format!("{}: service is not healthy: kubelet", sim.ip(i))),
+            "{}",
+            f.message
+        );
     }
 }

@@ -11,6 +11,12 @@ cd "$(dirname "$0")/.."
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 scripts/install-deps.sh
+# The kube-apiserver the Kubernetes tests run on each simulated control-plane
+# node (bin/talos-sim/tests/sim_kubernetes.rs): built from the Go module proxy
+# into ~/.cache/talos-client on the first run (about 4 minutes on 2 cores),
+# found there afterwards.
+TALOS_SIM_KUBE_APISERVER="$(scripts/kube-apiserver.sh)"
+export TALOS_SIM_KUBE_APISERVER
 cargo fmt --all --check
 cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
 

@@ -32,6 +32,10 @@ pub(crate) struct ClusterCas {
     pub(crate) os: Ca,
     pub(crate) kubernetes: Ca,
     pub(crate) etcd: Ca,
+    /// The service-account signing key (`cluster.serviceAccount.key`),
+    /// PEM. Talos makes an RSA key for new clusters; the simulator an ECDSA
+    /// P-256 one (which Talos made before, and kube-apiserver takes alike).
+    pub(crate) service_account: String,
 }
 
 impl ClusterCas {
@@ -41,8 +45,20 @@ impl ClusterCas {
             os: load_or_create_ca(dir, "ca", Ca::generate)?,
             kubernetes: load_or_create_ca(dir, "kubernetes-ca", Ca::generate_kubernetes)?,
             etcd: load_or_create_ca(dir, "etcd-ca", Ca::generate_etcd)?,
+            service_account: load_or_create_key(dir, "service-account")?,
         })
     }
+}
+
+/// Loads the key kept in `dir/pki/NAME.key`, or makes and stores one.
+fn load_or_create_key(dir: &Path, name: &str) -> Result<String, SimError> {
+    let path = dir.join(format!("pki/{name}.key"));
+    if path.exists() {
+        return std::fs::read_to_string(&path).map_err(|e| SimError::io(&path, e));
+    }
+    let key = crate::pki::generate_ec_key_pem()?;
+    write_private(&path, key.as_bytes())?;
+    Ok(key)
 }
 
 /// Loads the CA kept in `dir/pki/NAME.{crt,key}`, or makes and stores one.
@@ -83,6 +99,7 @@ fn worker_machine_config(controlplane: &str) -> String {
             let field = line.trim_start();
             !in_etcd
                 && !field.starts_with("key: ")
+                && field != "serviceAccount:"
                 && !field.starts_with("secretboxEncryptionSecret:")
         })
         .map(|line| line.replace("type: controlplane", "type: worker"))
@@ -111,6 +128,7 @@ pub(crate) fn default_machine_config(cfg: &SimConfig, cas: &ClusterCas) -> Strin
          cluster:\n  clusterName: talos-sim\n  controlPlane:\n    endpoint: https://{ip}:6443\n  \
          secretboxEncryptionSecret: {secretbox}\n  \
          ca:\n    crt: {k8s_crt}\n    key: {k8s_key}\n  \
+         {service_account}\
          etcd:\n    ca:\n      crt: {etcd_crt}\n      key: {etcd_key}\n    advertisedSubnets:\n      - 127.0.0.0/8\n",
         version = cfg.talos_version.tag(),
         ip = cfg.node_ip(1),
@@ -120,6 +138,16 @@ pub(crate) fn default_machine_config(cfg: &SimConfig, cas: &ClusterCas) -> Strin
         k8s_key = b64(cas.kubernetes.key_pem()),
         etcd_crt = b64(&cas.etcd.cert_pem),
         etcd_key = b64(cas.etcd.key_pem()),
+        // 1.14 carries the key in a KubeServiceAccountConfig document
+        // instead, which the simulator's 1.14 profile leaves to the user.
+        service_account = if cfg.talos_version.at_least_1_14() {
+            String::new()
+        } else {
+            format!(
+                "serviceAccount:\n    key: {}\n  ",
+                b64(&cas.service_account)
+            )
+        },
         secretbox = b64_bytes(&random_key()),
     )
 }
@@ -428,6 +456,7 @@ impl Drop for Cluster {
         for node in self.shared.nodes() {
             node.set_front(None);
             node.kill_etcd_now();
+            node.kube_apiserver.stop();
         }
     }
 }

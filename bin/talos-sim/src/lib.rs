@@ -46,6 +46,7 @@ mod front;
 mod go_errors;
 mod health;
 mod immediate;
+mod kube_apiserver;
 mod kubeconfig;
 mod kubelet;
 mod lifecycle;
@@ -189,6 +190,10 @@ pub struct SimConfig {
     /// (a multi-homed machine): node `i` also answers, when a request names
     /// it, to `second_base_ip + i`. None by default.
     pub second_base_ip: Option<Ipv4Addr>,
+    /// A kube-apiserver binary to run on every control-plane node, as
+    /// Talos runs its static pod (see `scripts/kube-apiserver.sh`). None by
+    /// default: no Kubernetes.
+    pub kube_apiserver: Option<PathBuf>,
 }
 
 /// The fixed waits and retry schedules of Talos that the simulator
@@ -374,6 +379,7 @@ impl SimConfig {
             timing: TalosTiming::UPSTREAM,
             talos_version: TalosVersion::default(),
             second_base_ip: None,
+            kube_apiserver: None,
         }
     }
 

@@ -128,6 +128,8 @@ impl Machined {
             Some(d) => Duration::try_from(d).unwrap_or(Duration::ZERO),
         };
         let mode_details = self.apply(config, mode, try_timeout)? + &mode_error;
+        // The static pods follow the configuration now running.
+        crate::kube_apiserver::reconcile(&self.node);
         one(machine::ApplyConfigurationResponse {
             messages: vec![machine::ApplyConfiguration {
                 metadata: None,
@@ -198,9 +200,12 @@ impl Machined {
 /// RollbackToConfigAfter); a zero timeout rolls back at once.
 async fn roll_back_after(node: Arc<Node>, previous: String, timeout: Duration) {
     tokio::time::sleep(timeout).await;
-    let mut state = node.config.lock().expect("config lock");
-    tracing::info!(node = %node.name, "rolling back the configuration applied in try mode");
-    node.kubelet.restart_on_change(&state.active, &previous);
-    state.active = previous;
-    state.rollback = None;
+    {
+        let mut state = node.config.lock().expect("config lock");
+        tracing::info!(node = %node.name, "rolling back the configuration applied in try mode");
+        node.kubelet.restart_on_change(&state.active, &previous);
+        state.active = previous;
+        state.rollback = None;
+    }
+    crate::kube_apiserver::reconcile(&node);
 }

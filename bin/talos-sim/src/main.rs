@@ -147,6 +147,24 @@ struct UpArgs {
     /// 1.14.0.
     #[arg(long, default_value = "1.13.9", value_name = "VERSION")]
     talos_version: String,
+    /// Run this kube-apiserver on every control-plane node, as Talos runs
+    /// its static pod (default: the one scripts/kube-apiserver.sh builds,
+    /// when it is there).
+    #[arg(long, env = "TALOS_SIM_KUBE_APISERVER", value_name = "PATH")]
+    kube_apiserver: Option<PathBuf>,
+    /// Run no Kubernetes, even with a kube-apiserver at hand (wins over
+    /// --kube-apiserver and TALOS_SIM_KUBE_APISERVER).
+    #[arg(long)]
+    no_kubernetes: bool,
+}
+
+/// Where scripts/kube-apiserver.sh caches the binary it builds.
+fn cached_kube_apiserver() -> Option<PathBuf> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let path = cache.join("talos-client/kube-apiserver-v1.34.4/kube-apiserver");
+    path.exists().then_some(path)
 }
 
 #[tokio::main]
@@ -268,12 +286,24 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     }
     cfg.timing = talos_sim::TalosTiming::scaled_down(args.timing_divisor);
     cfg.talos_version = talos_version;
+    if !args.no_kubernetes {
+        cfg.kube_apiserver = args.kube_apiserver.or_else(cached_kube_apiserver);
+    }
+    if let Some(path) = &cfg.kube_apiserver
+        && !path.exists()
+    {
+        bail!(
+            "--kube-apiserver {}: no such file (scripts/kube-apiserver.sh builds one)",
+            path.display()
+        );
+    }
+    let kubernetes = cfg.kube_apiserver.is_some();
     let cluster = Cluster::up(cfg).await.context("starting the cluster")?;
     cluster.serve_control(&dir.join("control.sock"))?;
     if args.json {
         println!(
             "{}",
-            serde_json::json!({ "dir": dir, "talosconfig": cluster.talosconfig_path(), "nodes": cluster.nodes() })
+            serde_json::json!({ "dir": dir, "talosconfig": cluster.talosconfig_path(), "nodes": cluster.nodes(), "kubernetes": kubernetes })
         );
     } else {
         let nodes = cluster.nodes();
@@ -296,6 +326,13 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
                     node.name, node.api, node.etcd_client_url
                 );
             }
+        }
+        if kubernetes {
+            println!(
+                "kubernetes:  kube-apiserver on each control-plane node at https://ADDRESS:6443 (talosctl-rs kubeconfig)"
+            );
+        } else {
+            println!("kubernetes:  off (scripts/kube-apiserver.sh builds kube-apiserver)");
         }
         println!("directory:   {}", dir.display());
         println!("talosconfig: {}", cluster.talosconfig_path().display());

@@ -124,6 +124,8 @@ pub struct Node {
     pub(crate) etcd_health: super::etcd_health::EtcdHealth,
     /// The kubelet service: when it last (re)started.
     pub(crate) kubelet: super::kubelet::Kubelet,
+    /// The node's kube-apiserver, when the simulator runs Kubernetes.
+    pub(crate) kube_apiserver: super::kube_apiserver::KubeApiServer,
     /// The Talos schedules this node runs on.
     pub(crate) timing: super::TalosTiming,
     /// The Talos release the node runs.
@@ -208,6 +210,7 @@ pub(crate) struct NodeLayout {
     pub maintenance_fingerprint: String,
     pub worker: bool,
     pub timing: super::TalosTiming,
+    pub kube_apiserver: Option<std::path::PathBuf>,
     pub version: super::TalosVersion,
 }
 
@@ -245,6 +248,9 @@ impl Node {
             events: Arc::new(Mutex::new(Vec::new())),
             etcd_health: super::etcd_health::EtcdHealth::new(),
             kubelet: super::kubelet::Kubelet::new(),
+            kube_apiserver: super::kube_apiserver::KubeApiServer::new(
+                layout.kube_apiserver.clone(),
+            ),
             timing: layout.timing,
             version: Mutex::new(layout.version),
             etcd_dir_pin: Mutex::new(None),
@@ -391,7 +397,21 @@ impl Node {
     }
 
     pub(crate) fn set_power(&self, power: Power) {
+        let on = power == Power::On;
         *self.power.lock().expect("power lock") = power;
+        if !on {
+            self.kube_apiserver.stop();
+        }
+    }
+
+    /// The process id of this node's kube-apiserver, while it runs.
+    pub fn kube_apiserver_pid(&self) -> Option<u32> {
+        self.kube_apiserver.pid()
+    }
+
+    /// The flags this node's kube-apiserver runs with, while it runs.
+    pub fn kube_apiserver_args(&self) -> Option<Vec<String>> {
+        self.kube_apiserver.args()
     }
 
     /// The token of the API being served, while it is up and presents the

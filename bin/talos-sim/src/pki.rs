@@ -178,6 +178,13 @@ fn load_key(key_pem: &str) -> Result<KeyPair, PkiError> {
     )?)
 }
 
+/// A new ECDSA P-256 private key as Talos writes one (SEC 1, `EC PRIVATE
+/// KEY`): the cluster's service-account signing key.
+pub fn generate_ec_key_pem() -> Result<String, PkiError> {
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    Ok(talos_key_pem(&key))
+}
+
 /// Which extended key usages a leaf certificate lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Usage {

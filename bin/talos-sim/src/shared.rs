@@ -179,6 +179,7 @@ impl Shared {
                 maintenance_fingerprint,
                 worker: kind == NodeKind::Worker,
                 timing: cfg.timing,
+                kube_apiserver: cfg.kube_apiserver.clone(),
                 version: cfg.talos_version,
             },
             match kind {

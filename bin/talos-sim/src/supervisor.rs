@@ -99,6 +99,7 @@ async fn boot(shared: &Arc<Shared>, node: &Arc<Node>) {
         tracing::warn!(node = %node.name, error = %e, "node API did not start after boot");
     }
     lifecycle::boot_end(node);
+    crate::kube_apiserver::reconcile(node);
 }
 
 /// Starts a node created with the cluster (etcd already running, or none):
@@ -107,6 +108,7 @@ pub(crate) async fn start(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), 
     supervise(shared, node);
     start_front(shared, node).await?;
     lifecycle::record_boot(node);
+    crate::kube_apiserver::reconcile(node);
     Ok(())
 }
 

@@ -24,7 +24,7 @@ impl Up {
 
     fn start_with(dir: &Path, args: &[&str]) -> Up {
         let mut child = Command::new(env!("CARGO_BIN_EXE_talos-sim"))
-            .args(["up", "--isolated", "--json"])
+            .args(["up", "--isolated", "--json", "--no-kubernetes"])
             .args(args)
             .arg("--dir")
             .arg(dir)
@@ -114,8 +114,26 @@ async fn hostnames(up: &Up) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_stops_cleanly_restarts_and_adds_nodes() {
     let dir = tempfile::tempdir().unwrap();
+    let missing = Command::new(env!("CARGO_BIN_EXE_talos-sim"))
+        .args([
+            "up",
+            "--isolated",
+            "--kube-apiserver",
+            "/nonexistent/kube-apiserver",
+            "--dir",
+        ])
+        .arg(dir.path().join("missing"))
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("--kube-apiserver /nonexistent/kube-apiserver: no such file"),
+        "{stderr}"
+    );
     let up = Up::start(dir.path());
     assert_eq!(up.json["nodes"].as_array().unwrap().len(), 3);
+    assert_eq!(up.json["kubernetes"], false, "--no-kubernetes");
     assert_eq!(hostnames(&up).await, ["cp-1", "cp-2", "cp-3"]);
     for file in ["talosconfig-reader", "talosconfig-backup", "pki/ca.crt"] {
         assert!(dir.path().join(file).exists(), "{file}");
@@ -210,7 +228,7 @@ fn a_second_up_on_a_running_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path());
     let second = Command::new(env!("CARGO_BIN_EXE_talos-sim"))
-        .args(["up", "--isolated", "--dir"])
+        .args(["up", "--isolated", "--no-kubernetes", "--dir"])
         .arg(dir.path())
         .output()
         .unwrap();

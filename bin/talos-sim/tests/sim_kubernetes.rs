@@ -1,0 +1,277 @@
+//! A real kube-apiserver on each simulated control-plane node (needs the
+//! binary: `scripts/kube-apiserver.sh` builds it, about 4 minutes, and the
+//! test command runs it). Reached with the admin kubeconfig the simulator
+//! serves, through curl (OpenSSL), so the kubeconfig's ECDSA keys are
+//! proven loadable by an OpenSSL-based client too.
+
+use talos_test_support as common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::sim::{SimCluster, wait_for};
+use talos_client::client::{ApplyMode, ApplyRequest};
+
+/// The kube-apiserver binary: `TALOS_SIM_KUBE_APISERVER`, or where
+/// `scripts/kube-apiserver.sh` caches it.
+fn kube_apiserver() -> PathBuf {
+    if let Some(path) = std::env::var_os("TALOS_SIM_KUBE_APISERVER") {
+        return PathBuf::from(path);
+    }
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("version=v1.34.4; echo \"${XDG_CACHE_HOME:-$HOME/.cache}/talos-client/kube-apiserver-$version/kube-apiserver\"")
+        .output()
+        .unwrap();
+    let path = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    assert!(
+        path.exists(),
+        "kube-apiserver is not built: run scripts/kube-apiserver.sh (about 4 minutes), \
+         or set TALOS_SIM_KUBE_APISERVER to a kube-apiserver v1.34 binary ({} is missing)",
+        path.display()
+    );
+    path
+}
+
+async fn start(nodes: usize) -> SimCluster {
+    let binary = kube_apiserver();
+    SimCluster::start_with(nodes, |cfg| {
+        cfg.timing = talos_sim::TalosTiming::scaled_down(common::sim::timing_divisor());
+        cfg.kube_apiserver = Some(binary);
+    })
+    .await
+}
+
+/// The admin credentials of the kubeconfig a node serves, as files.
+struct Admin {
+    dir: tempfile::TempDir,
+}
+
+impl Admin {
+    async fn of(sim: &SimCluster) -> Admin {
+        let yaml = sim.admin().node(sim.ip(1)).kubeconfig().await.unwrap();
+        let config: serde_json::Value = serde_norway::from_slice(&yaml).unwrap();
+        let decode = |v: &serde_json::Value| {
+            base64::engine::general_purpose::STANDARD
+                .decode(v.as_str().unwrap())
+                .unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        for (name, value) in [
+            (
+                "ca.crt",
+                &config["clusters"][0]["cluster"]["certificate-authority-data"],
+            ),
+            (
+                "admin.crt",
+                &config["users"][0]["user"]["client-certificate-data"],
+            ),
+            ("admin.key", &config["users"][0]["user"]["client-key-data"]),
+        ] {
+            std::fs::write(dir.path().join(name), decode(value)).unwrap();
+        }
+        Admin { dir }
+    }
+
+    fn file(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// curl against `ip`'s API server: (HTTP status, body); status 0 when
+    /// no connection was made.
+    fn curl(
+        &self,
+        ip: &str,
+        method: &str,
+        path: &str,
+        auth: Auth,
+        body: Option<&str>,
+    ) -> (u16, String) {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-s", "-m", "10", "-w", "\n%{http_code}", "-X", method])
+            .args(["--cacert", &self.file("ca.crt")]);
+        match auth {
+            Auth::Admin => {
+                cmd.args([
+                    "--cert",
+                    &self.file("admin.crt"),
+                    "--key",
+                    &self.file("admin.key"),
+                ]);
+            }
+            Auth::Bearer(token) => {
+                cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+            }
+        }
+        if let Some(body) = body {
+            cmd.args(["-H", "Content-Type: application/json", "-d", body]);
+        }
+        let out = cmd
+            .arg(format!("https://{ip}:6443{path}"))
+            .output()
+            .expect("curl runs (scripts/install-deps.sh installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    async fn wait_ready(&self, ip: &str) {
+        wait_for(
+            "kube-apiserver /readyz",
+            Duration::from_secs(120),
+            || async {
+                let (code, body) = self.curl(ip, "GET", "/readyz", Auth::Admin, None);
+                (code == 200 && body == "ok").then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Auth<'a> {
+    Admin,
+    Bearer(&'a str),
+}
+
+#[tokio::test]
+async fn kubernetes_answers_readyz_on_every_control_plane_node_and_stops_with_the_node() {
+    let sim = start(3).await;
+    let admin = Admin::of(&sim).await;
+    for i in 1..=3 {
+        admin.wait_ready(&sim.ip(i)).await;
+    }
+    // Flags as Talos 1.13.9 derives them: issuer and audiences are the
+    // endpoint, etcd is the node's own member.
+    let node = sim.cluster.node("cp-2").unwrap();
+    let args = node.kube_apiserver_args().unwrap();
+    let endpoint = format!("https://{}:6443", sim.ip(1));
+    for flag in [
+        format!("--service-account-issuer={endpoint}"),
+        format!("--api-audiences={endpoint}"),
+        format!("--etcd-servers={}", node.etcd_client_url()),
+    ] {
+        assert!(args.contains(&flag), "{flag} not in {args:?}");
+    }
+
+    // A leave stops etcd and leaves the API server running: it still
+    // accepts connections, with no etcd behind it (seed 000's surprise).
+    sim.wait_etcd_healthy(3).await;
+    let pid = node.kube_apiserver_pid().unwrap();
+    sim.admin()
+        .node(sim.ip(2))
+        .etcd_leave_cluster()
+        .await
+        .unwrap();
+    wait_for(
+        "cp-2's /readyz to fail",
+        Duration::from_secs(60),
+        || async {
+            let (code, _) = admin.curl(&sim.ip(2), "GET", "/readyz", Auth::Admin, None);
+            (code != 200 && code != 0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        node.kube_apiserver_pid(),
+        Some(pid),
+        "still running after the leave"
+    );
+    let (code, _) = admin.curl(&sim.ip(2), "GET", "/livez", Auth::Admin, None);
+    assert_ne!(code, 0, "cp-2's API server still accepts connections");
+
+    // Powered off, it is gone.
+    sim.cluster.power_off(&sim.ip(3)).await.unwrap();
+    let node3 = sim.cluster.node("cp-3").unwrap();
+    assert_eq!(node3.kube_apiserver_pid(), None);
+    let (code, _) = admin.curl(&sim.ip(3), "GET", "/readyz", Auth::Admin, None);
+    assert_eq!(code, 0, "nothing listens on a powered-off node");
+}
+
+/// A service-account token issued before an endpoint change, checked after
+/// the change with SelfSubjectReview, through the simulator's own
+/// configuration flow (an apply restarts the API server with the flags
+/// the new configuration gives, as Talos 1.13.9 does): unpinned, 401; the
+/// issuer pinned but not the audiences, 401; both pinned, 201.
+#[tokio::test]
+async fn kubernetes_tokens_across_an_endpoint_change_on_1_13_9() {
+    let sim = start(1).await;
+    let admin = Admin::of(&sim).await;
+    let ip = sim.ip(1);
+    admin.wait_ready(&ip).await;
+    let (code, body) = admin.curl(
+        &ip,
+        "POST",
+        "/api/v1/namespaces/default/serviceaccounts",
+        Auth::Admin,
+        Some(r#"{"metadata":{"name":"probe"}}"#),
+    );
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = admin.curl(
+        &ip,
+        "POST",
+        "/api/v1/namespaces/default/serviceaccounts/probe/token",
+        Auth::Admin,
+        Some(r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600}}"#),
+    );
+    assert_eq!(code, 201, "{body}");
+    let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let token = reply["status"]["token"].as_str().unwrap().to_string();
+    let review = |admin: &Admin| {
+        admin
+            .curl(
+                &ip,
+                "POST",
+                "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                Auth::Bearer(&token),
+                Some(r#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#),
+            )
+            .0
+    };
+    assert_eq!(review(&admin), 201, "the token works before the change");
+
+    let node = sim.cluster.node("cp-1").unwrap();
+    let old = format!("https://{ip}:6443");
+    let base = node.active_config();
+    let changed = base.replace(
+        &format!("endpoint: {old}"),
+        "endpoint: https://new.example:6443",
+    );
+    assert_ne!(changed, base);
+    let pinned = |extra: &str| {
+        changed.replace(
+            "  clusterName: talos-sim\n",
+            &format!("  clusterName: talos-sim\n  apiServer:\n    extraArgs:\n{extra}"),
+        )
+    };
+    let cases = [
+        ("unpinned", changed.clone(), 401),
+        (
+            "issuer pinned",
+            pinned(&format!("      service-account-issuer: {old}\n")),
+            401,
+        ),
+        (
+            "issuer and audiences pinned",
+            pinned(&format!(
+                "      service-account-issuer: {old}\n      api-audiences: {old}\n"
+            )),
+            201,
+        ),
+    ];
+    for (name, config, expected) in cases {
+        let before = node.kube_apiserver_pid();
+        sim.admin()
+            .apply_configuration(ApplyRequest::new(config, ApplyMode::NoReboot))
+            .await
+            .unwrap();
+        assert_ne!(
+            node.kube_apiserver_pid(),
+            before,
+            "{name}: restarted with new flags"
+        );
+        admin.wait_ready(&ip).await;
+        assert_eq!(review(&admin), expected, "{name}");
+    }
+}

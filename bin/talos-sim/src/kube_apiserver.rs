@@ -123,8 +123,8 @@ pub(crate) fn reconcile(node: &Node) {
         return;
     }
     let dir = node.dir().join("kubernetes");
-    let args = match prepare(node, &dir) {
-        Ok(args) => args,
+    let (args, secrets) = match prepare(node, &dir) {
+        Ok(prepared) => prepared,
         Err(e) => {
             tracing::warn!(node = %node.name, error = %e, "kube-apiserver not started");
             kube.stop();
@@ -141,6 +141,12 @@ pub(crate) fn reconcile(node: &Node) {
     if let Some(mut old) = slot.take() {
         let _ = old.child.kill();
         let _ = old.child.wait();
+    }
+    // The secrets are written (and the serving certificate issued) only for
+    // a start, never under a server that keeps running.
+    if let Err(e) = secrets.write(&dir) {
+        tracing::warn!(node = %node.name, error = %e, "kube-apiserver not started");
+        return;
     }
     match spawn(binary, &args, &dir) {
         Ok(child) => {
@@ -174,8 +180,46 @@ fn spawn(binary: &Path, args: &[String], dir: &Path) -> std::io::Result<Child> {
     command.spawn()
 }
 
-/// Writes the node's Kubernetes secrets into `dir` and returns the flags.
-fn prepare(node: &Node, dir: &Path) -> Result<Vec<String>, String> {
+/// What a start writes into the node's Kubernetes directory: the CA, a
+/// serving certificate issued by it, and the service-account key.
+struct Secrets {
+    ca: Ca,
+    ca_crt: String,
+    sa_key: String,
+    ips: Vec<IpAddr>,
+    names: Vec<String>,
+}
+
+const CA_FILE: &str = "ca.crt";
+const CRT_FILE: &str = "apiserver.crt";
+const KEY_FILE: &str = "apiserver.key";
+const SA_FILE: &str = "service-account.key";
+
+impl Secrets {
+    fn write(&self, dir: &Path) -> Result<(), String> {
+        let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        let serving = self
+            .ca
+            .issue(&LeafSpec::server(&self.ips, &names))
+            .map_err(|e| format!("serving certificate: {e}"))?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for (name, body) in [
+            (CA_FILE, &self.ca_crt),
+            (CRT_FILE, &serving.cert_pem),
+            (KEY_FILE, &serving.key_pem),
+            (SA_FILE, &self.sa_key),
+        ] {
+            let path = dir.join(name);
+            talos_client::write_private_file(&path, body.as_bytes())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The flags the node's configuration gives, and the secrets a start
+/// writes into `dir` (nothing is written here).
+fn prepare(node: &Node, dir: &Path) -> Result<(Vec<String>, Secrets), String> {
     let config = node.active_config();
     let doc: Value = serde_norway::from_str(&config).map_err(|e| format!("machine config: {e}"))?;
     let text = |path: &[&str]| -> Option<String> {
@@ -200,34 +244,24 @@ fn prepare(node: &Node, dir: &Path) -> Result<Vec<String>, String> {
     let sa_key = pem(&["cluster", "serviceAccount", "key"])?;
 
     let mut ips: Vec<IpAddr> = vec![IpAddr::V4(node.ip), IpAddr::from([127, 0, 0, 1])];
-    let mut names = vec![
+    let mut names: Vec<String> = [
         "kubernetes",
         "kubernetes.default",
         "kubernetes.default.svc",
         "kubernetes.default.svc.cluster.local",
         "localhost",
-    ];
+    ]
+    .map(String::from)
+    .to_vec();
     let host = endpoint_host(&endpoint);
     match host.parse::<IpAddr>() {
         Ok(ip) => ips.push(ip),
-        Err(_) if !host.is_empty() => names.push(host),
+        Err(_) if !host.is_empty() => names.push(host.to_string()),
         Err(_) => {}
     }
-    let serving = ca
-        .issue(&LeafSpec::server(&ips, &names))
-        .map_err(|e| format!("serving certificate: {e}"))?;
-
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let file = |name: &str, body: &str| -> Result<String, String> {
-        let path = dir.join(name);
-        talos_client::write_private_file(&path, body.as_bytes())
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(path.display().to_string())
-    };
-    let ca_file = file("ca.crt", &ca_crt)?;
-    let crt_file = file("apiserver.crt", &serving.cert_pem)?;
-    let key_file = file("apiserver.key", &serving.key_pem)?;
-    let sa_file = file("service-account.key", &sa_key)?;
+    let path = |name: &str| dir.join(name).display().to_string();
+    let (ca_file, crt_file, key_file, sa_file) =
+        (path(CA_FILE), path(CRT_FILE), path(KEY_FILE), path(SA_FILE));
 
     let mut flags: BTreeMap<String, String> = BTreeMap::new();
     let mut set = |k: &str, v: String| {
@@ -283,10 +317,18 @@ fn prepare(node: &Node, dir: &Path) -> Result<Vec<String>, String> {
             }
         }
     }
-    Ok(flags
+    let args = flags
         .into_iter()
         .map(|(k, v)| format!("--{k}={v}"))
-        .collect())
+        .collect();
+    let secrets = Secrets {
+        ca,
+        ca_crt,
+        sa_key,
+        ips,
+        names,
+    };
+    Ok((args, secrets))
 }
 
 /// A YAML scalar as the string an argument takes.

@@ -51,6 +51,8 @@ pub fn write_private_file(path: &std::path::Path, data: &[u8]) -> std::io::Resul
 pub mod backup;
 pub mod client;
 pub mod config;
+#[cfg(feature = "kubernetes")]
+pub mod kube;
 pub mod maintenance;
 #[cfg(feature = "ops")]
 pub mod ops;

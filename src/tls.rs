@@ -205,6 +205,39 @@ impl Credentials {
     }
 }
 
+/// The rustls configuration of an HTTPS/1.1 client (the Kubernetes API):
+/// the server verified against `ca_pem`, and, when given, a client
+/// certificate and key presented. Dates are left to the server to judge.
+#[cfg(feature = "kubernetes")]
+pub(crate) fn http1_client_config(
+    ca_pem: &[u8],
+    client: Option<(&[u8], &[u8])>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let provider = provider();
+    let roots = root_store(ca_pem)?;
+    let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+        .build()
+        .map_err(|e| TlsError::BadTrustAnchor {
+            reason: e.to_string(),
+        })?;
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_webpki_verifier(verifier);
+    let mut config = match client {
+        Some((crt_pem, key_pem)) => {
+            let chain = parse_certificates(crt_pem, Material::Certificate)?;
+            let info = CertificateInfo::from_der(&chain[0], Material::Certificate)?;
+            let key = parse_private_key(key_pem)?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| key_error(e, &info.subject))?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 fn key_error(e: rustls::Error, subject: &str) -> TlsError {
     match e {
         rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {

@@ -124,7 +124,8 @@ pub(crate) fn default_machine_config(cfg: &SimConfig, cas: &ClusterCas) -> Strin
          persist: true\n\
          machine:\n  type: controlplane\n  token: talos-sim-token\n  \
          ca:\n    crt: {ca_crt}\n    key: {ca_key}\n  certSANs: []\n  \
-         install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{version}\n\
+         install:\n    disk: /dev/sda\n    image: ghcr.io/siderolabs/installer:{version}\n  \
+         features:\n    kubePrism:\n      enabled: true\n      port: 7445\n\
          cluster:\n  clusterName: talos-sim\n  controlPlane:\n    endpoint: https://{ip}:6443\n  \
          secretboxEncryptionSecret: {secretbox}\n  \
          ca:\n    crt: {k8s_crt}\n    key: {k8s_key}\n  \
@@ -457,6 +458,7 @@ impl Drop for Cluster {
             node.set_front(None);
             node.kill_etcd_now();
             node.kube_apiserver.stop();
+            node.kubeprism.stop();
         }
     }
 }

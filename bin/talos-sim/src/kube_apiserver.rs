@@ -2,25 +2,37 @@
 //! runs its static pod, when the simulator is given the binary
 //! ([`crate::SimConfig::kube_apiserver`]).
 //!
-//! Its flags come from the node's running configuration as Talos 1.13.9
-//! derives them (internal/app/machined/pkg/controllers/k8s/
-//! control_plane_static_pod.go, manageAPIServer): `service-account-issuer`
-//! and `api-audiences` both the control-plane endpoint, the service-account
-//! key from `cluster.serviceAccount`, client certificates checked against
-//! the Kubernetes CA `cluster.ca`, a serving certificate issued by it, and
-//! `cluster.apiServer.extraArgs` merged by argsbuilder's policies (most
-//! flags replaced, a few appended to, the file and etcd flags never
-//! overridden). Its etcd is the node's own member, as Talos points it at
-//! the local etcd. It listens on the node's address, port 6443.
+//! Its flags come from the node's running configuration as the Talos
+//! release the node runs derives them. On 1.13.9
+//! (internal/app/machined/pkg/controllers/k8s/control_plane_static_pod.go,
+//! manageAPIServer): `service-account-issuer` and `api-audiences` both the
+//! control-plane endpoint, the service-account key from
+//! `cluster.serviceAccount`. On 1.14 (internal/app/machined/pkg/controllers/
+//! k8s/control_plane_final.go, fed by secrets/root.go's KubernetesRoot):
+//! the service account comes from a `KubeServiceAccountConfig` document
+//! when there is one (pkg/machinery/config/types/k8s/service_account.go),
+//! else from `cluster.serviceAccount` with the endpoint as issuer and
+//! audience (the v1alpha1 bridge, types/v1alpha1/v1alpha1_k8s_bridge.go);
+//! `service-account-issuer` is repeated, the issuer URL first and then
+//! every accepted issuer, `api-audiences` lists the accepted audiences (the
+//! issuer URL when none are given), and tokens are verified with the
+//! issuing key and every accepted public key. Both: client certificates
+//! checked against the Kubernetes CA `cluster.ca`, a serving certificate
+//! issued by it, and `cluster.apiServer.extraArgs` merged by argsbuilder's
+//! policies (most flags replaced, a few appended to, the file and etcd
+//! flags never overridden). Its etcd is the node's own member, as Talos
+//! points it at the local etcd. It listens on the node's address, port
+//! 6443.
 //!
 //! It starts when the node has booted as a configured control plane,
-//! restarts with new flags when an applied configuration changes them,
-//! and stops when the node goes down (reboot, reset, power off). A leave
-//! stops etcd and leaves it running, answering without etcd behind it.
+//! restarts when an applied configuration changes its flags or its
+//! service-account keys, and stops when the node goes down (reboot, reset,
+//! power off). A leave stops etcd and leaves it running, answering without
+//! etcd behind it.
 //!
-//! Not simulated: 1.14's `KubeServiceAccountConfig`, the aggregator and
-//! kubelet-client certificates, audit and admission configuration files,
-//! and encryption at rest.
+//! Not simulated: the aggregator and kubelet-client certificates, audit and
+//! admission configuration files, encryption at rest, and 1.14's other
+//! flag changes (TLS 1.3 minimum, structured authentication config).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -31,6 +43,7 @@ use std::sync::Mutex;
 use base64::Engine as _;
 use serde_norway::Value;
 
+use crate::diff::MachineConfig;
 use crate::node::{Node, Power};
 use crate::pki::{Ca, LeafSpec};
 
@@ -73,6 +86,8 @@ pub(crate) struct KubeApiServer {
 
 struct Running {
     args: Vec<String>,
+    /// The service-account keys it was started with.
+    keys: String,
     child: Child,
 }
 
@@ -134,6 +149,7 @@ pub(crate) fn reconcile(node: &Node) {
     let mut slot = kube.running.lock().expect("kube lock");
     if let Some(running) = slot.as_mut()
         && running.args == args
+        && running.keys == secrets.keys()
         && matches!(running.child.try_wait(), Ok(None))
     {
         return;
@@ -151,7 +167,9 @@ pub(crate) fn reconcile(node: &Node) {
     match spawn(binary, &args, &dir) {
         Ok(child) => {
             tracing::info!(node = %node.name, pid = child.id(), "kube-apiserver started");
-            *slot = Some(Running { args, child });
+            crate::kube_controllers::create_default_accounts(node);
+            let keys = secrets.keys();
+            *slot = Some(Running { args, keys, child });
         }
         Err(e) => {
             tracing::warn!(node = %node.name, binary = %binary.display(), error = %e, "kube-apiserver did not start")
@@ -181,11 +199,13 @@ fn spawn(binary: &Path, args: &[String], dir: &Path) -> std::io::Result<Child> {
 }
 
 /// What a start writes into the node's Kubernetes directory: the CA, a
-/// serving certificate issued by it, and the service-account key.
+/// serving certificate issued by it, the service-account signing key and
+/// (1.14) the keys tokens are verified with.
 struct Secrets {
     ca: Ca,
     ca_crt: String,
     sa_key: String,
+    sa_pub: Option<String>,
     ips: Vec<IpAddr>,
     names: Vec<String>,
 }
@@ -194,6 +214,7 @@ const CA_FILE: &str = "ca.crt";
 const CRT_FILE: &str = "apiserver.crt";
 const KEY_FILE: &str = "apiserver.key";
 const SA_FILE: &str = "service-account.key";
+const SA_PUB_FILE: &str = "service-account.pub";
 
 impl Secrets {
     fn write(&self, dir: &Path) -> Result<(), String> {
@@ -203,45 +224,162 @@ impl Secrets {
             .issue(&LeafSpec::server(&self.ips, &names))
             .map_err(|e| format!("serving certificate: {e}"))?;
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for (name, body) in [
+        let mut files = vec![
             (CA_FILE, &self.ca_crt),
             (CRT_FILE, &serving.cert_pem),
             (KEY_FILE, &serving.key_pem),
             (SA_FILE, &self.sa_key),
-        ] {
+        ];
+        if let Some(public) = &self.sa_pub {
+            files.push((SA_PUB_FILE, public));
+        }
+        for (name, body) in files {
             let path = dir.join(name);
             talos_client::write_private_file(&path, body.as_bytes())
                 .map_err(|e| format!("{}: {e}", path.display()))?;
         }
         Ok(())
     }
+
+    /// The service-account keys, which a running server keeps until it
+    /// restarts (upstream restarts the static pod when its secrets change).
+    fn keys(&self) -> String {
+        format!(
+            "{}\n{}",
+            self.sa_key,
+            self.sa_pub.as_deref().unwrap_or_default()
+        )
+    }
+}
+
+/// The service account the API server signs and verifies tokens for.
+struct ServiceAccount {
+    /// The signing key (PEM).
+    signing_key: String,
+    /// 1.14: the keys tokens are verified with (PEM, concatenated); 1.13.9
+    /// verifies with the signing key.
+    verifying_keys: Option<String>,
+    /// `service-account-issuer`: the issuer tokens are signed as, then the
+    /// other issuers accepted.
+    issuers: Vec<String>,
+    /// `api-audiences`.
+    audiences: Vec<String>,
+}
+
+/// The kind of the 1.14 service-account document.
+const SERVICE_ACCOUNT_KIND: &str = "KubeServiceAccountConfig";
+
+/// 1.14's service account, as the container answers for it
+/// (pkg/machinery/config/container/container.go, K8sServiceAccountConfig):
+/// the first `KubeServiceAccountConfig` document (types/k8s/
+/// service_account.go), else `cluster.serviceAccount` as the v1alpha1
+/// bridge presents it (types/v1alpha1/v1alpha1_k8s_bridge.go), else none,
+/// and then there is no KubernetesRoot and no API server
+/// (internal/app/machined/pkg/controllers/secrets/root.go).
+fn service_account_1_14(config: &MachineConfig, endpoint: &str) -> Result<ServiceAccount, String> {
+    let Some(doc) = config
+        .documents
+        .iter()
+        .find(|d| text(d, &["kind"]).as_deref() == Some(SERVICE_ACCOUNT_KIND))
+    else {
+        let key = pem(&config.v1alpha1, &["cluster", "serviceAccount", "key"])
+            .map_err(|e| format!("{e}, and no {SERVICE_ACCOUNT_KIND} document"))?;
+        return Ok(ServiceAccount {
+            verifying_keys: Some(public_half(&key)),
+            signing_key: key,
+            issuers: vec![endpoint.to_string()],
+            audiences: vec![endpoint.to_string()],
+        });
+    };
+    let field = |path: &[&str]| {
+        text(doc, path).ok_or_else(|| format!("no {SERVICE_ACCOUNT_KIND} .{}", path.join(".")))
+    };
+    let signing_key = field(&["issuer", "privateKey"])?;
+    let issuer = field(&["issuer", "issuerURL"])?;
+    let accepted = |key: &str| texts(doc, &["accepted", key]);
+    // The issuer's own public key first, then the accepted ones.
+    let mut verifying = public_half(&signing_key);
+    for key in accepted("publicKeys") {
+        if !verifying.ends_with('\n') {
+            verifying.push('\n');
+        }
+        verifying.push_str(&key);
+    }
+    let mut issuers = vec![issuer.clone()];
+    issuers.extend(accepted("issuers"));
+    let mut audiences = accepted("audiences");
+    if audiences.is_empty() {
+        audiences.push(issuer);
+    }
+    Ok(ServiceAccount {
+        signing_key,
+        verifying_keys: Some(verifying),
+        issuers,
+        audiences,
+    })
+}
+
+/// A block for `service-account-key-file` that verifies what `private_pem`
+/// signs: its public key where rcgen reads the key (PKCS#8), else the
+/// private key itself, whose public half kube-apiserver takes (client-go
+/// keyutil reads SEC 1 EC and PKCS#1 RSA private keys as public keys).
+fn public_half(private_pem: &str) -> String {
+    if private_pem.contains("-----BEGIN PRIVATE KEY-----")
+        && let Ok(key) = rcgen::KeyPair::from_pem(private_pem)
+    {
+        return key.public_key_pem();
+    }
+    private_pem.to_string()
+}
+
+/// The string at `path` in `doc`.
+fn text(doc: &Value, path: &[&str]) -> Option<String> {
+    let mut v = doc;
+    for key in path {
+        v = v.get(*key)?;
+    }
+    v.as_str().map(str::to_string)
+}
+
+/// The strings of the list at `path` in `doc` (none when absent).
+fn texts(doc: &Value, path: &[&str]) -> Vec<String> {
+    path.iter()
+        .try_fold(doc, |v, key| v.get(*key))
+        .and_then(Value::as_sequence)
+        .map(|items| items.iter().filter_map(scalar).collect())
+        .unwrap_or_default()
+}
+
+/// The PEM base64-encoded at `path` in the v1alpha1 document.
+fn pem(doc: &Value, path: &[&str]) -> Result<String, String> {
+    let encoded = text(doc, path).ok_or_else(|| format!("no .{}", path.join(".")))?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .map_err(|e| format!(".{}: {e}", path.join(".")))?;
+    String::from_utf8(bytes).map_err(|_| format!(".{} is not PEM", path.join(".")))
 }
 
 /// The flags the node's configuration gives, and the secrets a start
 /// writes into `dir` (nothing is written here).
 fn prepare(node: &Node, dir: &Path) -> Result<(Vec<String>, Secrets), String> {
-    let config = node.active_config();
-    let doc: Value = serde_norway::from_str(&config).map_err(|e| format!("machine config: {e}"))?;
-    let text = |path: &[&str]| -> Option<String> {
-        let mut v = &doc;
-        for key in path {
-            v = v.get(*key)?;
-        }
-        v.as_str().map(str::to_string)
-    };
-    let pem = |path: &[&str]| -> Result<String, String> {
-        let encoded = text(path).ok_or_else(|| format!("no .{}", path.join(".")))?;
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(encoded.trim())
-            .map_err(|e| format!(".{}: {e}", path.join(".")))?;
-        String::from_utf8(bytes).map_err(|_| format!(".{} is not PEM", path.join(".")))
-    };
-    let endpoint = text(&["cluster", "controlPlane", "endpoint"])
+    let config = crate::diff::parse(node.active_config().as_bytes())
+        .map_err(|e| format!("machine config: {}", e.message()))?;
+    let doc = &config.v1alpha1;
+    let endpoint = text(doc, &["cluster", "controlPlane", "endpoint"])
         .ok_or("no .cluster.controlPlane.endpoint")?;
-    let ca_crt = pem(&["cluster", "ca", "crt"])?;
-    let ca = Ca::load(&ca_crt, &pem(&["cluster", "ca", "key"])?)
+    let ca_crt = pem(doc, &["cluster", "ca", "crt"])?;
+    let ca = Ca::load(&ca_crt, &pem(doc, &["cluster", "ca", "key"])?)
         .map_err(|e| format!(".cluster.ca: {e}"))?;
-    let sa_key = pem(&["cluster", "serviceAccount", "key"])?;
+    let sa = if node.talos_version().at_least_1_14() {
+        service_account_1_14(&config, &endpoint)?
+    } else {
+        ServiceAccount {
+            signing_key: pem(doc, &["cluster", "serviceAccount", "key"])?,
+            verifying_keys: None,
+            issuers: vec![endpoint.clone()],
+            audiences: vec![endpoint.clone()],
+        }
+    };
 
     let mut ips: Vec<IpAddr> = vec![IpAddr::V4(node.ip), IpAddr::from([127, 0, 0, 1])];
     let mut names: Vec<String> = [
@@ -262,14 +400,18 @@ fn prepare(node: &Node, dir: &Path) -> Result<(Vec<String>, Secrets), String> {
     let path = |name: &str| dir.join(name).display().to_string();
     let (ca_file, crt_file, key_file, sa_file) =
         (path(CA_FILE), path(CRT_FILE), path(KEY_FILE), path(SA_FILE));
+    let sa_verify_file = match sa.verifying_keys {
+        Some(_) => path(SA_PUB_FILE),
+        None => sa_file.clone(),
+    };
 
-    let mut flags: BTreeMap<String, String> = BTreeMap::new();
+    // Each flag's values, one `--flag=value` apiece (argsbuilder's Args).
+    let mut flags: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut set = |k: &str, v: String| {
-        flags.insert(k.to_string(), v);
+        flags.insert(k.to_string(), vec![v]);
     };
     set("allow-privileged", "true".into());
     set("anonymous-auth", "false".into());
-    set("api-audiences", endpoint.clone());
     set("advertise-address", node.ip.to_string());
     // Upstream binds 0.0.0.0; every simulated node shares the host.
     set("bind-address", node.ip.to_string());
@@ -281,8 +423,7 @@ fn prepare(node: &Node, dir: &Path) -> Result<(Vec<String>, Secrets), String> {
     set("profiling", "false".into());
     set("etcd-servers", node.etcd_client_url());
     set("secure-port", PORT.to_string());
-    set("service-account-issuer", endpoint);
-    set("service-account-key-file", sa_file.clone());
+    set("service-account-key-file", sa_verify_file);
     set("service-account-signing-key-file", sa_file);
     set("service-cluster-ip-range", "10.96.0.0/12".into());
     set("tls-cert-file", crt_file);
@@ -292,6 +433,8 @@ fn prepare(node: &Node, dir: &Path) -> Result<(Vec<String>, Secrets), String> {
         "InternalIP,ExternalIP,Hostname".into(),
     );
     set("cert-dir", dir.join("certs").display().to_string());
+    flags.insert("api-audiences".into(), sa.audiences);
+    flags.insert("service-account-issuer".into(), sa.issuers);
 
     if let Some(extra) = doc
         .get("cluster")
@@ -308,23 +451,25 @@ fn prepare(node: &Node, dir: &Path) -> Result<(Vec<String>, Secrets), String> {
             }
             match flags.get_mut(key) {
                 Some(current) if ADDITIVE.contains(&key) => {
-                    current.push(',');
-                    current.push_str(&value);
+                    let joined = format!("{},{value}", current.join(","));
+                    *current = vec![joined];
                 }
+                // Replaced, every value of a repeated flag included.
                 _ => {
-                    flags.insert(key.to_string(), value);
+                    flags.insert(key.to_string(), vec![value]);
                 }
             }
         }
     }
     let args = flags
         .into_iter()
-        .map(|(k, v)| format!("--{k}={v}"))
+        .flat_map(|(k, values)| values.into_iter().map(move |v| format!("--{k}={v}")))
         .collect();
     let secrets = Secrets {
         ca,
         ca_crt,
-        sa_key,
+        sa_key: sa.signing_key,
+        sa_pub: sa.verifying_keys,
         ips,
         names,
     };
@@ -362,5 +507,87 @@ mod tests {
         assert_eq!(endpoint_host("https://k8s.example:6443/"), "k8s.example");
         assert_eq!(endpoint_host("https://[fd00::1]:6443"), "fd00::1");
         assert_eq!(endpoint_host("https://k8s.example"), "k8s.example");
+    }
+
+    const ENDPOINT: &str = "https://new.example:6443";
+
+    fn config(service_account: Option<&str>, document: Option<&str>) -> MachineConfig {
+        use base64::Engine as _;
+        let mut yaml = format!(
+            "version: v1alpha1\nmachine:\n  type: controlplane\ncluster:\n  controlPlane:\n    endpoint: {ENDPOINT}\n"
+        );
+        if let Some(key) = service_account {
+            let key = base64::engine::general_purpose::STANDARD.encode(key);
+            yaml.push_str(&format!("  serviceAccount:\n    key: {key}\n"));
+        }
+        if let Some(document) = document {
+            yaml.push_str("---\napiVersion: v1alpha1\nkind: KubeServiceAccountConfig\n");
+            yaml.push_str(document);
+        }
+        crate::diff::parse(yaml.as_bytes()).unwrap()
+    }
+
+    fn indented(pem: &str) -> String {
+        pem.lines().map(|l| format!("    {l}\n")).collect()
+    }
+
+    #[test]
+    fn the_1_14_document_gives_the_issuers_in_order_and_its_audiences() {
+        let key = crate::pki::generate_ec_key_pem().unwrap();
+        let accepted = rcgen::KeyPair::generate().unwrap().public_key_pem();
+        let document = format!(
+            "issuer:\n  issuerURL: {ENDPOINT}\n  privateKey: |\n{}accepted:\n  \
+             publicKeys:\n    - |\n{}  issuers:\n    - https://old.example:6443\n    - https://older.example:6443\n  \
+             audiences:\n    - {ENDPOINT}\n    - https://old.example:6443\n",
+            indented(&key),
+            indented(&accepted).replace("    ", "      "),
+        );
+        let sa = service_account_1_14(&config(None, Some(&document)), ENDPOINT).unwrap();
+        assert_eq!(
+            sa.issuers,
+            [
+                ENDPOINT,
+                "https://old.example:6443",
+                "https://older.example:6443"
+            ]
+        );
+        assert_eq!(sa.audiences, [ENDPOINT, "https://old.example:6443"]);
+        assert_eq!(sa.signing_key, key);
+        assert_eq!(sa.verifying_keys.unwrap(), format!("{key}{accepted}"));
+    }
+
+    #[test]
+    fn the_1_14_document_without_audiences_accepts_its_issuer_url() {
+        let key = crate::pki::generate_ec_key_pem().unwrap();
+        let old = "https://old.example:6443";
+        let document = format!(
+            "issuer:\n  issuerURL: {old}\n  privateKey: |\n{}",
+            indented(&key)
+        );
+        let sa = service_account_1_14(&config(None, Some(&document)), ENDPOINT).unwrap();
+        assert_eq!(sa.issuers, [old]);
+        assert_eq!(sa.audiences, [old]);
+    }
+
+    #[test]
+    fn without_the_document_1_14_takes_cluster_service_account_and_the_endpoint() {
+        let key = crate::pki::generate_ec_key_pem().unwrap();
+        let sa = service_account_1_14(&config(Some(&key), None), ENDPOINT).unwrap();
+        assert_eq!(sa.issuers, [ENDPOINT]);
+        assert_eq!(sa.audiences, [ENDPOINT]);
+        assert_eq!(sa.verifying_keys.as_deref(), Some(key.as_str()));
+        let err = service_account_1_14(&config(None, None), ENDPOINT).err();
+        assert_eq!(
+            err.as_deref(),
+            Some("no .cluster.serviceAccount.key, and no KubeServiceAccountConfig document")
+        );
+    }
+
+    #[test]
+    fn a_pkcs8_signing_key_is_verified_with_its_public_key() {
+        let pkcs8 = rcgen::KeyPair::generate().unwrap();
+        assert_eq!(public_half(&pkcs8.serialize_pem()), pkcs8.public_key_pem());
+        let sec1 = crate::pki::generate_ec_key_pem().unwrap();
+        assert_eq!(public_half(&sec1), sec1);
     }
 }

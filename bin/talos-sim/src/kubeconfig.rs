@@ -22,7 +22,7 @@ pub(crate) fn archive(config: &str) -> Result<Vec<u8>, Status> {
 /// The kubeconfig upstream's `kubeconfig.GenerateAdmin` writes: one cluster,
 /// one user `admin@NAME`, one context `admin@NAME` (namespace default),
 /// current.
-fn admin_kubeconfig(config: &str) -> Result<String, Status> {
+pub(crate) fn admin_kubeconfig(config: &str) -> Result<String, Status> {
     let doc: serde_norway::Value = serde_norway::from_str(config)
         .map_err(|e| Status::internal(format!("machine config: {e}")))?;
     let field = |path: &[&str]| -> Result<String, Status> {

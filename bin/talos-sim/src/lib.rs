@@ -47,8 +47,10 @@ mod go_errors;
 mod health;
 mod immediate;
 mod kube_apiserver;
+mod kube_controllers;
 mod kubeconfig;
 mod kubelet;
+mod kubeprism;
 mod lifecycle;
 mod machined;
 mod machined_apply;
@@ -74,6 +76,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use cluster::{Cluster, NodeInfo};
+pub use kubeprism::KubePrismUpstream;
 pub use upgrade_state::UpgradeFault;
 
 /// Errors of the simulator.
@@ -241,6 +244,15 @@ pub struct TalosTiming {
     /// (internal/pkg/containers/image: PullRetryInterval, five retries
     /// after the first "not found"; 1.13.9 asks for none).
     pub image_pull_retry_unit: Duration,
+    /// KubePrism: the pause between rounds of health checks of its
+    /// upstreams.
+    pub kubeprism_health_interval: Duration,
+    /// KubePrism: the deadline of one upstream's health check (a TCP
+    /// connect).
+    pub kubeprism_health_timeout: Duration,
+    /// KubePrism: the deadline of the dial to the upstream picked for a
+    /// connection.
+    pub kubeprism_dial_timeout: Duration,
 }
 
 impl TalosTiming {
@@ -253,7 +265,11 @@ impl TalosTiming {
     /// 5 s after it starts, then every 20 s with a 15 s deadline
     /// (internal/app/machined/pkg/system/services/etcd.go: promoteMember,
     /// buildInitialCluster, HealthSettings; constants.EtcdJoinTimeout); the
-    /// kubelet service first checked 2 s after it starts (services/kubelet.go).
+    /// kubelet service first checked 2 s after it starts (services/kubelet.go);
+    /// KubePrism's upstreams checked every 20 s, each within 15 s, and a
+    /// connection's upstream dialled within 15 s (pkg/machinery/constants:
+    /// KubePrismHealthCheckInterval, KubePrismHealthCheckTimeout,
+    /// KubePrismDialTimeout).
     pub const UPSTREAM: TalosTiming = TalosTiming {
         leave_retry_interval: Duration::from_secs(10),
         leave_retry_limit: Duration::from_secs(300),
@@ -271,6 +287,9 @@ impl TalosTiming {
         health_timeout: Duration::from_secs(15),
         kubelet_health_initial_delay: Duration::from_secs(2),
         image_pull_retry_unit: Duration::from_secs(5),
+        kubeprism_health_interval: Duration::from_secs(20),
+        kubeprism_health_timeout: Duration::from_secs(15),
+        kubeprism_dial_timeout: Duration::from_secs(15),
     };
 
     /// Upstream's schedule with every duration divided by `divisor` (at
@@ -295,6 +314,9 @@ impl TalosTiming {
             health_timeout: up.health_timeout / d,
             kubelet_health_initial_delay: up.kubelet_health_initial_delay / d,
             image_pull_retry_unit: up.image_pull_retry_unit / d,
+            kubeprism_health_interval: up.kubeprism_health_interval / d,
+            kubeprism_health_timeout: up.kubeprism_health_timeout / d,
+            kubeprism_dial_timeout: up.kubeprism_dial_timeout / d,
         }
     }
 }

@@ -130,6 +130,7 @@ impl Machined {
         let mode_details = self.apply(config, mode, try_timeout)? + &mode_error;
         // The static pods follow the configuration now running.
         crate::kube_apiserver::reconcile(&self.node);
+        crate::kubeprism::reconcile(&self.node);
         one(machine::ApplyConfigurationResponse {
             messages: vec![machine::ApplyConfiguration {
                 metadata: None,
@@ -208,4 +209,5 @@ async fn roll_back_after(node: Arc<Node>, previous: String, timeout: Duration) {
         state.rollback = None;
     }
     crate::kube_apiserver::reconcile(&node);
+    crate::kubeprism::reconcile(&node);
 }

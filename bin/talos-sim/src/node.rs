@@ -126,6 +126,8 @@ pub struct Node {
     pub(crate) kubelet: super::kubelet::Kubelet,
     /// The node's kube-apiserver, when the simulator runs Kubernetes.
     pub(crate) kube_apiserver: super::kube_apiserver::KubeApiServer,
+    /// The node's KubePrism, while its configuration enables it.
+    pub(crate) kubeprism: super::kubeprism::KubePrism,
     /// The Talos schedules this node runs on.
     pub(crate) timing: super::TalosTiming,
     /// The Talos release the node runs.
@@ -251,6 +253,7 @@ impl Node {
             kube_apiserver: super::kube_apiserver::KubeApiServer::new(
                 layout.kube_apiserver.clone(),
             ),
+            kubeprism: super::kubeprism::KubePrism::new(),
             timing: layout.timing,
             version: Mutex::new(layout.version),
             etcd_dir_pin: Mutex::new(None),
@@ -401,7 +404,26 @@ impl Node {
         *self.power.lock().expect("power lock") = power;
         if !on {
             self.kube_apiserver.stop();
+            self.kubeprism.stop();
         }
+    }
+
+    /// Where this node's KubePrism listens (the node's address, the
+    /// configured port), while it runs.
+    pub fn kubeprism_addr(&self) -> Option<std::net::SocketAddr> {
+        self.kubeprism.addr()
+    }
+
+    /// This node's KubePrism upstreams: score, tier and the connections
+    /// sent to each since it started (empty while it does not run).
+    pub fn kubeprism_upstreams(&self) -> Vec<super::KubePrismUpstream> {
+        self.kubeprism.upstreams()
+    }
+
+    /// How many connections this node's KubePrism proxied to each upstream
+    /// (`host:port`) since it started.
+    pub fn kubeprism_upstream_connections(&self) -> std::collections::BTreeMap<String, u64> {
+        self.kubeprism.upstream_connections()
     }
 
     /// The process id of this node's kube-apiserver, while it runs.

@@ -100,6 +100,7 @@ async fn boot(shared: &Arc<Shared>, node: &Arc<Node>) {
     }
     lifecycle::boot_end(node);
     crate::kube_apiserver::reconcile(node);
+    crate::kubeprism::reconcile(node);
 }
 
 /// Starts a node created with the cluster (etcd already running, or none):
@@ -109,6 +110,8 @@ pub(crate) async fn start(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), 
     start_front(shared, node).await?;
     lifecycle::record_boot(node);
     crate::kube_apiserver::reconcile(node);
+    crate::kubeprism::attach(shared, node);
+    crate::kubeprism::reconcile(node);
     Ok(())
 }
 

@@ -12,6 +12,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use common::sim::{SimCluster, wait_for};
 use talos_client::client::{ApplyMode, ApplyRequest};
+use talos_sim::TalosVersion;
+use talos_sim::node::Node;
 
 /// The kube-apiserver binary: `TALOS_SIM_KUBE_APISERVER`, or where
 /// `scripts/kube-apiserver.sh` caches it.
@@ -35,9 +37,14 @@ fn kube_apiserver() -> PathBuf {
 }
 
 async fn start(nodes: usize) -> SimCluster {
+    start_on(nodes, TalosVersion::V1_13_9).await
+}
+
+async fn start_on(nodes: usize, version: TalosVersion) -> SimCluster {
     let binary = kube_apiserver();
     SimCluster::start_with(nodes, |cfg| {
         cfg.timing = talos_sim::TalosTiming::scaled_down(common::sim::timing_divisor());
+        cfg.talos_version = version;
         cfg.kube_apiserver = Some(binary);
     })
     .await
@@ -114,6 +121,41 @@ impl Admin {
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
         (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    /// A service-account token for a new service account `probe`, with the
+    /// audiences the API server defaults to (its `api-audiences`).
+    fn mint_token(&self, ip: &str) -> String {
+        let (code, body) = self.curl(
+            ip,
+            "POST",
+            "/api/v1/namespaces/default/serviceaccounts",
+            Auth::Admin,
+            Some(r#"{"metadata":{"name":"probe"}}"#),
+        );
+        assert_eq!(code, 201, "{body}");
+        let (code, body) = self.curl(
+            ip,
+            "POST",
+            "/api/v1/namespaces/default/serviceaccounts/probe/token",
+            Auth::Admin,
+            Some(r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600}}"#),
+        );
+        assert_eq!(code, 201, "{body}");
+        let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
+        reply["status"]["token"].as_str().unwrap().to_string()
+    }
+
+    /// The status of a SelfSubjectReview made with `token`.
+    fn review(&self, ip: &str, token: &str) -> u16 {
+        self.curl(
+            ip,
+            "POST",
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            Auth::Bearer(token),
+            Some(r#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#),
+        )
+        .0
     }
 
     async fn wait_ready(&self, ip: &str) {
@@ -200,35 +242,8 @@ async fn kubernetes_tokens_across_an_endpoint_change_on_1_13_9() {
     let admin = Admin::of(&sim).await;
     let ip = sim.ip(1);
     admin.wait_ready(&ip).await;
-    let (code, body) = admin.curl(
-        &ip,
-        "POST",
-        "/api/v1/namespaces/default/serviceaccounts",
-        Auth::Admin,
-        Some(r#"{"metadata":{"name":"probe"}}"#),
-    );
-    assert_eq!(code, 201, "{body}");
-    let (code, body) = admin.curl(
-        &ip,
-        "POST",
-        "/api/v1/namespaces/default/serviceaccounts/probe/token",
-        Auth::Admin,
-        Some(r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600}}"#),
-    );
-    assert_eq!(code, 201, "{body}");
-    let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let token = reply["status"]["token"].as_str().unwrap().to_string();
-    let review = |admin: &Admin| {
-        admin
-            .curl(
-                &ip,
-                "POST",
-                "/apis/authentication.k8s.io/v1/selfsubjectreviews",
-                Auth::Bearer(&token),
-                Some(r#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#),
-            )
-            .0
-    };
+    let token = admin.mint_token(&ip);
+    let review = |admin: &Admin| admin.review(&ip, &token);
     assert_eq!(review(&admin), 201, "the token works before the change");
 
     let node = sim.cluster.node("cp-1").unwrap();
@@ -273,5 +288,197 @@ async fn kubernetes_tokens_across_an_endpoint_change_on_1_13_9() {
         );
         admin.wait_ready(&ip).await;
         assert_eq!(review(&admin), expected, "{name}");
+    }
+
+    // 1.13.9 has no KubeServiceAccountConfig: its loader refuses the kind,
+    // and the running server is left alone.
+    let before = node.kube_apiserver_pid();
+    let err = sim
+        .admin()
+        .apply_configuration(ApplyRequest::new(
+            format!(
+                "{changed}{}",
+                service_account_document(&old, &[], &[], "unused")
+            ),
+            ApplyMode::NoReboot,
+        ))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not registered"), "{err}");
+    assert_eq!(node.kube_apiserver_pid(), before);
+}
+
+/// The values of every `--FLAG=` in `args`, in order.
+fn flag_values(args: &[String], flag: &str) -> Vec<String> {
+    let prefix = format!("--{flag}=");
+    args.iter()
+        .filter_map(|a| a.strip_prefix(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A KubeServiceAccountConfig document signing with `key` (PEM) as
+/// `issuer`, accepting `issuers` and `audiences` (none: left out).
+fn service_account_document(
+    issuer: &str,
+    issuers: &[&str],
+    audiences: &[&str],
+    key: &str,
+) -> String {
+    let mut doc = format!(
+        "---\napiVersion: v1alpha1\nkind: KubeServiceAccountConfig\nissuer:\n  issuerURL: {issuer}\n  privateKey: |\n"
+    );
+    for line in key.lines() {
+        doc.push_str(&format!("    {line}\n"));
+    }
+    if !issuers.is_empty() || !audiences.is_empty() {
+        doc.push_str("accepted:\n");
+    }
+    for (field, values) in [("issuers", issuers), ("audiences", audiences)] {
+        if !values.is_empty() {
+            doc.push_str(&format!("  {field}:\n"));
+            for value in values {
+                doc.push_str(&format!("    - {value}\n"));
+            }
+        }
+    }
+    doc
+}
+
+/// Applies `config` (no reboot), checks the API server restarted and
+/// waits until it is ready again.
+async fn apply_restarting(
+    sim: &SimCluster,
+    admin: &Admin,
+    node: &Node,
+    name: &str,
+    config: String,
+) {
+    let before = node.kube_apiserver_pid();
+    sim.admin()
+        .apply_configuration(ApplyRequest::new(config, ApplyMode::NoReboot))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(node.kube_apiserver_pid().is_some(), "{name}: running");
+    assert_ne!(
+        node.kube_apiserver_pid(),
+        before,
+        "{name}: restarted with new flags"
+    );
+    admin.wait_ready(&node.ip.to_string()).await;
+}
+
+/// On 1.14 the service account is a KubeServiceAccountConfig document's
+/// (Talos 1.14's control_plane_final.go repeats `--service-account-issuer`,
+/// the document's issuer URL first and then each accepted issuer, and
+/// gives `--api-audiences` the accepted audiences, the issuer URL when
+/// none are listed). A token minted under the old endpoint survives an
+/// endpoint change when the document keeps the old issuer URL, and is
+/// rejected when there is no document (`cluster.serviceAccount`: issuer
+/// and audience the new endpoint) or when the old issuer is accepted but
+/// the audiences default to the new URL; accepting the old audience too
+/// lets it through again.
+#[tokio::test]
+async fn kubernetes_tokens_across_an_endpoint_change_on_1_14_follow_kube_service_account_config() {
+    let sim = start_on(1, TalosVersion::V1_14_0).await;
+    let admin = Admin::of(&sim).await;
+    let ip = sim.ip(1);
+    let node = sim.cluster.node("cp-1").unwrap();
+    assert_eq!(node.talos_version(), TalosVersion::V1_14_0);
+    // The 1.14 profile's configuration has no service account: upstream
+    // makes no KubernetesRoot, so no API server.
+    assert_eq!(node.kube_apiserver_args(), None);
+
+    let key = talos_sim::pki::generate_ec_key_pem().unwrap();
+    let old = format!("https://{ip}:6443");
+    let new = "https://new.example:6443";
+    let base = node.active_config();
+    apply_restarting(
+        &sim,
+        &admin,
+        &node,
+        "the document with the endpoint as issuer",
+        format!("{base}{}", service_account_document(&old, &[], &[], &key)),
+    )
+    .await;
+    let args = node.kube_apiserver_args().unwrap();
+    assert_eq!(flag_values(&args, "service-account-issuer"), [old.as_str()]);
+    assert_eq!(flag_values(&args, "api-audiences"), [old.as_str()]);
+    let verify = flag_values(&args, "service-account-key-file");
+    assert!(
+        verify.len() == 1 && verify[0].ends_with("/service-account.pub"),
+        "{args:?}"
+    );
+    let token = admin.mint_token(&ip);
+    assert_eq!(
+        admin.review(&ip, &token),
+        201,
+        "the token works before the change"
+    );
+
+    let changed = base.replace(&format!("endpoint: {old}"), &format!("endpoint: {new}"));
+    assert_ne!(changed, base);
+    let legacy = {
+        use base64::Engine as _;
+        let key = base64::engine::general_purpose::STANDARD.encode(&key);
+        changed.replace(
+            "  clusterName: talos-sim\n",
+            &format!("  clusterName: talos-sim\n  serviceAccount:\n    key: {key}\n"),
+        )
+    };
+    assert_ne!(legacy, changed);
+    let with = |issuer: &str, issuers: &[&str], audiences: &[&str]| {
+        format!(
+            "{changed}{}",
+            service_account_document(issuer, issuers, audiences, &key)
+        )
+    };
+    let old = old.as_str();
+    // (name, configuration, issuers, audiences, review status)
+    type Case<'a> = (&'a str, String, &'a [&'a str], &'a [&'a str], u16);
+    let cases: [Case; 4] = [
+        (
+            "no document: cluster.serviceAccount, the new endpoint",
+            legacy,
+            &[new],
+            &[new],
+            401,
+        ),
+        (
+            "the document keeps the old issuer URL",
+            with(old, &[], &[]),
+            &[old],
+            &[old],
+            201,
+        ),
+        (
+            "the new issuer URL, the old one accepted, audiences left out",
+            with(new, &[old], &[]),
+            &[new, old],
+            &[new],
+            401,
+        ),
+        (
+            "the new issuer URL, the old one and its audience accepted",
+            with(new, &[old], &[new, old]),
+            &[new, old],
+            &[new, old],
+            201,
+        ),
+    ];
+    for (name, config, issuers, audiences, expected) in cases {
+        apply_restarting(&sim, &admin, &node, name, config).await;
+        let args = node.kube_apiserver_args().unwrap();
+        assert_eq!(
+            flag_values(&args, "service-account-issuer"),
+            issuers,
+            "{name}: {args:?}"
+        );
+        assert_eq!(
+            flag_values(&args, "api-audiences"),
+            audiences,
+            "{name}: {args:?}"
+        );
+        assert_eq!(admin.review(&ip, &token), expected, "{name}");
     }
 }

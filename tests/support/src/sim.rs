@@ -127,3 +127,75 @@ pub fn timing_divisor() -> u32 {
         Err(_) => 10,
     }
 }
+
+/// The kube-apiserver binary the Kubernetes tests run:
+/// `TALOS_SIM_KUBE_APISERVER`, or where `scripts/kube-apiserver.sh` caches
+/// it. Fails the test, naming the script, when it is missing.
+pub fn kube_apiserver_binary() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("TALOS_SIM_KUBE_APISERVER") {
+        return std::path::PathBuf::from(path);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .expect("HOME or XDG_CACHE_HOME is set");
+    let path = cache.join("talos-client/kube-apiserver-v1.34.4/kube-apiserver");
+    assert!(
+        path.exists(),
+        "kube-apiserver is not built: run scripts/kube-apiserver.sh (about 4 minutes), \
+         or set TALOS_SIM_KUBE_APISERVER to a kube-apiserver v1.34 binary ({} is missing)",
+        path.display()
+    );
+    path
+}
+
+impl SimCluster {
+    /// A cluster whose control-plane nodes run kube-apiserver.
+    pub async fn start_with_kubernetes(nodes: usize) -> SimCluster {
+        let binary = kube_apiserver_binary();
+        let divisor = timing_divisor();
+        SimCluster::start_with(nodes, |cfg| {
+            cfg.timing = talos_sim::TalosTiming::scaled_down(divisor);
+            cfg.kube_apiserver = Some(binary);
+        })
+        .await
+    }
+
+    /// A Kubernetes client with the admin kubeconfig node `i` serves,
+    /// pointed at `server` (default: node `i`'s API server).
+    pub async fn kube(&self, i: usize, server: Option<&str>) -> talos_client::kube::KubeClient {
+        let yaml = self.admin().node(self.ip(i)).kubeconfig().await.unwrap();
+        let server = server
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("https://{}:6443", self.ip(i)));
+        let config = talos_client::kube::KubeConfig::from_yaml(&yaml)
+            .unwrap()
+            .with_server(server);
+        talos_client::kube::KubeClient::new(&config).unwrap()
+    }
+
+    /// Waits until every control-plane node's API server is ready and
+    /// `kube-system/default` exists (what a token check mints for).
+    pub async fn wait_kubernetes_ready(&self, nodes: usize) {
+        for i in 1..=nodes {
+            let kube = self.kube(i, None).await;
+            wait_for(
+                &format!("node {i}'s kube-apiserver to be ready"),
+                Duration::from_secs(180),
+                || async { kube.readyz().await.ok().filter(|r| r.is_ready()) },
+            )
+            .await;
+        }
+        let kube = self.kube(1, None).await;
+        wait_for(
+            "kube-system/default to exist",
+            Duration::from_secs(60),
+            || async {
+                kube.get("/api/v1/namespaces/kube-system/serviceaccounts/default")
+                    .await
+                    .ok()
+            },
+        )
+        .await;
+    }
+}

@@ -33,6 +33,10 @@ fn default_vip_check() -> bool {
     ApplyOptions::DEFAULT_VIP_CHECK
 }
 
+fn default_kube_check() -> bool {
+    ApplyOptions::DEFAULT_KUBE_CHECK
+}
+
 fn default_reboot_timeout() -> Duration {
     ApplyOptions::DEFAULT_REBOOT_TIMEOUT
 }
@@ -83,6 +87,14 @@ pub struct ApplyOptions {
     /// the Talos API. On by default ([`ApplyOptions::DEFAULT_VIP_CHECK`]).
     #[serde(default = "default_vip_check")]
     pub vip_check: bool,
+    /// On a control-plane node whose Kubernetes API server is ready, mint
+    /// a service-account token before the change, and in the gate require
+    /// the API server ready again and still accepting that token (so a
+    /// change that breaks every token is rolled back even when the
+    /// configuration guard was overridden). On by default
+    /// ([`ApplyOptions::DEFAULT_KUBE_CHECK`]).
+    #[serde(default = "default_kube_check")]
+    pub kube_check: bool,
 }
 
 impl ApplyOptions {
@@ -94,6 +106,8 @@ impl ApplyOptions {
     /// Whether the gate checks the VIPs of a changed `Layer2VIPConfig`
     /// unless told otherwise.
     pub const DEFAULT_VIP_CHECK: bool = true;
+    /// Whether the gate asks Kubernetes unless told otherwise.
+    pub const DEFAULT_KUBE_CHECK: bool = true;
 
     /// Apply `config_path` to `nodes` with the defaults: any path may
     /// change, no issuer change, no reboot, no user check.
@@ -108,6 +122,7 @@ impl ApplyOptions {
             reboot_timeout: Self::DEFAULT_REBOOT_TIMEOUT,
             check: None,
             vip_check: Self::DEFAULT_VIP_CHECK,
+            kube_check: Self::DEFAULT_KUBE_CHECK,
         }
     }
 }
@@ -187,6 +202,11 @@ pub struct ApplyFacts {
     /// boot, a wait for the reboot a new one. No clock is compared.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub boot_ids: BTreeMap<String, String>,
+    /// The Kubernetes check of each node, as found before its change:
+    /// `token` (its API server was ready and minted a token, kept in
+    /// memory), or why the node has no token check.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kube_check: BTreeMap<String, String>,
 }
 
 /// What a TRY dry run said about a node.

@@ -24,6 +24,24 @@ const POLL: Duration = Duration::from_millis(250);
 /// The fewest passes in a row that make a gate pass, whatever the soak.
 const MIN_PASSES: u32 = 3;
 
+/// What the gate asks Kubernetes.
+enum KubeGate {
+    /// Nothing (a worker, no API server, or the check is off).
+    Off,
+    /// Its API server is ready.
+    Ready,
+    /// Ready, and the token minted before the change still authenticates.
+    Token(String),
+}
+
+/// The gate's checks beyond the node and etcd: the VIPs of a changed
+/// `Layer2VIPConfig`, and what it asks Kubernetes.
+#[derive(Clone, Copy)]
+struct GateExtras<'a> {
+    vips: &'a [String],
+    kube: &'a KubeGate,
+}
+
 /// What every apply step needs: the file read again (checked against its
 /// planned hash) and the options.
 struct Params<'a> {
@@ -150,6 +168,24 @@ impl Ops {
         if let Ok(boot) = self.boot_id(node).await {
             facts.boot_ids.insert(node.into(), boot);
         }
+        let mut kube_note = String::new();
+        if params.options.kube_check {
+            match super::apply_kube::before(&self.client, node).await {
+                super::apply_kube::Before::Token(token) => {
+                    self.kube_tokens.insert(node.into(), token);
+                    facts.kube_check.insert(node.into(), "token".into());
+                    kube_note = format!(
+                        "; a token of {}/{} minted for the gate",
+                        super::apply_kube::NAMESPACE,
+                        super::apply_kube::ACCOUNT
+                    );
+                }
+                super::apply_kube::Before::Skipped(why) => {
+                    kube_note = format!("; no Kubernetes check: {why}");
+                    facts.kube_check.insert(node.into(), why);
+                }
+            }
+        }
         // The node starts its rollback timer after this instant, so the
         // deadline counted from here is never later than the rollback.
         let sent = now_ms();
@@ -168,7 +204,7 @@ impl Ops {
         let deadline = sent + params.options.try_timeout.as_millis() as u64;
         facts.try_deadline_ms.insert(node.into(), deadline);
         Ok(Outcome::done(format!(
-            "{node} runs the file on trial: {}",
+            "{node} runs the file on trial: {}{kube_note}",
             result.mode_details.replace('\n', "; ")
         )))
     }
@@ -194,6 +230,15 @@ impl Ops {
             .map_err(|e| OpsError::step(&step_name("gate", node), e))?;
         let boot = facts.boot_ids.get(node).cloned();
         let boot = boot.as_deref();
+        let kube = match facts.kube_check.get(node).map(String::as_str) {
+            Some("token") => match self.kube_tokens.get(node) {
+                Some(token) => KubeGate::Token(token.clone()),
+                // Minted by a run that ended (a crash, a daemon restart):
+                // readiness is still checked.
+                None => KubeGate::Ready,
+            },
+            _ => KubeGate::Off,
+        };
         let mut attempts = 0;
         // The first pass of the current run of passes, and how many.
         let mut streak: Option<(Instant, u32)> = None;
@@ -204,7 +249,14 @@ impl Ops {
             let budget = gate_until.saturating_duration_since(started);
             let pass = match tokio::time::timeout(
                 budget,
-                self.gate_once(node, params, &tried, boot, vips, budget),
+                self.gate_once(
+                    node,
+                    params,
+                    &tried,
+                    boot,
+                    GateExtras { vips, kube: &kube },
+                    budget,
+                ),
             )
             .await
             {
@@ -271,9 +323,10 @@ impl Ops {
         params: &Params<'_>,
         tried: &Documents,
         boot: Option<&str>,
-        vips: &[String],
+        extra: GateExtras<'_>,
         budget: Duration,
     ) -> Result<String, String> {
+        let GateExtras { vips, kube } = extra;
         let target = self.client.node(node);
         target
             .version()
@@ -341,6 +394,19 @@ impl Ops {
             view.members.len(),
             services.len()
         );
+        match kube {
+            KubeGate::Off => {}
+            KubeGate::Ready => {
+                let ready = super::apply_kube::gate(&self.client, node, None).await?;
+                summary.push_str(&format!(
+                    "; {ready} (no token check: the token was minted by an earlier run)"
+                ));
+            }
+            KubeGate::Token(token) => {
+                let checked = super::apply_kube::gate(&self.client, node, Some(token)).await?;
+                summary.push_str(&format!("; {checked}"));
+            }
+        }
         if !vips.is_empty() {
             let held = check_vips(&self.client, &view, vips).await?;
             summary.push_str(&format!("; {held}"));
@@ -483,7 +549,17 @@ impl Ops {
             let before = facts.boot_ids.get(node).map(String::as_str);
             match self.booted_since(node, since, before).await {
                 Ok(true) => match self
-                    .gate_once(node, params, &applied, None, vips, until - Instant::now())
+                    .gate_once(
+                        node,
+                        params,
+                        &applied,
+                        None,
+                        GateExtras {
+                            vips,
+                            kube: &KubeGate::Off,
+                        },
+                        until - Instant::now(),
+                    )
                     .await
                 {
                     Ok(summary) if self.persisted(node, params).await.unwrap_or(false) => {

@@ -208,6 +208,9 @@ impl Ops {
             silence_timeout: options.silence_timeout,
             snapshot: None,
             leave_to_reset_gap_ms: None,
+            api_server_accepting: None,
+            lease_probe: None,
+            lease_renewals: None,
         };
         let facts = MigrateFacts { join, retire };
         let between = view.members.len() + usize::from(view.find(to).is_none());

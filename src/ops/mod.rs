@@ -33,6 +33,7 @@
 //! step; a daemon uses it for cancel requests and shutdown.
 
 mod apply;
+mod apply_kube;
 mod apply_steps;
 mod apply_vip;
 mod cluster;
@@ -91,8 +92,8 @@ pub use retire::{PlannedMember, RetireFacts, RetireStep};
 pub use sa_validation::MachineRole;
 pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep, Tiers, held_snapshots};
 pub use spec::{
-    ApplyOptions, DefragOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions,
-    OpKind, OpSpec, RestoreOptions, RetireOptions, SnapshotOptions, UpgradeOptions,
+    ApplyOptions, DefragOptions, DrillOptions, JoinOptions, LeaseProbe, MaintenanceApply,
+    MigrateOptions, OpKind, OpSpec, RestoreOptions, RetireOptions, SnapshotOptions, UpgradeOptions,
 };
 pub use stop::{CancelRefused, StopHandle};
 pub use upgrade::{UpgradeFacts, UpgradeNode, UpgradePhase, UpgradeStep, image_release};
@@ -393,6 +394,11 @@ pub struct Ops {
     snapshot_keep: usize,
     /// When the leave of a retire was answered (for the gap to the reset).
     leave_answered: Option<Instant>,
+    /// The Lease a retire renews while it runs (its lease probe).
+    lease_renewer: Option<crate::kube::LeaseRenewer>,
+    /// Service-account tokens an apply minted before each node's change,
+    /// by node (in memory only: a token is a credential).
+    kube_tokens: std::collections::BTreeMap<String, String>,
     /// How long a snapshot stream may send nothing.
     snapshot_stall: std::time::Duration,
     /// The leave's deadline, and how long an ambiguous leave is settled.
@@ -424,6 +430,8 @@ impl Ops {
             snapshot_dir: state_dir.join("snapshots"),
             snapshot_keep: 0,
             leave_answered: None,
+            lease_renewer: None,
+            kube_tokens: Default::default(),
             snapshot_stall: Ops::DEFAULT_SNAPSHOT_STALL,
             leave_timeouts: (Ops::DEFAULT_LEAVE_DEADLINE, Ops::DEFAULT_LEAVE_SETTLE),
             stop: StopHandle::new(),

@@ -63,6 +63,46 @@ pub struct RetireOptions {
         rename = "silence_timeout_ms"
     )]
     pub silence_timeout: Duration,
+    /// Renew a Lease through this Kubernetes API endpoint (a KubePrism or
+    /// a load balancer) from right before the forfeit until the node is
+    /// silent, and report the renewals that failed: what a leader-elected
+    /// controller behind that endpoint went through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_probe: Option<LeaseProbe>,
+}
+
+/// A Lease renewed through a Kubernetes API endpoint during a retire, as a
+/// leader-elected controller renews its own (client-go's timing unless
+/// told otherwise), with the admin kubeconfig a surviving control-plane
+/// node serves (held in memory only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct LeaseProbe {
+    /// The endpoint: `https://host:port`.
+    pub server: String,
+    /// The name its certificate is checked against, when not the URL's
+    /// host (`localhost` for a KubePrism reached from elsewhere).
+    #[serde(default)]
+    pub tls_server_name: Option<String>,
+    /// How long a renewal may keep failing before the lease counts as lost.
+    #[serde(with = "millis", rename = "renew_deadline_ms")]
+    pub renew_deadline: Duration,
+    /// How often it renews and retries.
+    #[serde(with = "millis", rename = "retry_period_ms")]
+    pub retry_period: Duration,
+}
+
+impl LeaseProbe {
+    /// A probe through `server` with client-go's timing (renew deadline
+    /// 10 s, retry period 2 s).
+    pub fn new(server: impl Into<String>) -> LeaseProbe {
+        LeaseProbe {
+            server: server.into(),
+            tls_server_name: None,
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
 }
 
 impl RetireOptions {
@@ -79,6 +119,7 @@ impl RetireOptions {
             already_left: false,
             snapshot_dir: None,
             silence_timeout: Self::DEFAULT_SILENCE_TIMEOUT,
+            lease_probe: None,
         }
     }
 }
@@ -183,6 +224,16 @@ pub struct RetireFacts {
     pub snapshot: Option<PathBuf>,
     /// Milliseconds between the leave's answer and the reset's.
     pub leave_to_reset_gap_ms: Option<f64>,
+    /// The node's Kubernetes API server accepted connections at plan time
+    /// (port 6443): the retire waits until it no longer does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_server_accepting: Option<bool>,
+    /// The Lease renewed during the retire, if asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_probe: Option<LeaseProbe>,
+    /// What the lease probe saw, once the node is silent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_renewals: Option<crate::kube::RenewalStats>,
 }
 
 impl RetireFacts {
@@ -279,6 +330,7 @@ impl Ops {
         };
         self.refuse_only_endpoint(&options.node, &address)?;
         let (wipe, wipe_note) = self.wipe_labels(&address, &options.wipe).await;
+        let api_server_accepting = Some(api_server_accepts(&address).await);
         let mut facts = RetireFacts {
             address,
             member: None,
@@ -291,6 +343,9 @@ impl Ops {
             silence_timeout: options.silence_timeout,
             snapshot: None,
             leave_to_reset_gap_ms: None,
+            api_server_accepting,
+            lease_probe: options.lease_probe.clone(),
+            lease_renewals: None,
         };
         match member {
             None if !options.already_left => {
@@ -392,7 +447,16 @@ impl Ops {
                 facts.snapshot = Some(path);
                 Ok(Outcome::done(detail))
             }
-            RetireStep::Check => self.fresh_check(facts).await,
+            RetireStep::Check => {
+                let checked = self.fresh_check(facts).await?;
+                match &facts.lease_probe {
+                    Some(probe) => {
+                        let started = self.start_lease_probe(facts, probe).await?;
+                        Ok(Outcome::done(format!("{}; {started}", checked.detail)))
+                    }
+                    None => Ok(checked),
+                }
+            }
             RetireStep::Remove => {
                 let id = facts.member()?.member_id;
                 if self.answers(&facts.address).await {
@@ -456,8 +520,28 @@ impl Ops {
             }
             RetireStep::Confirm => self.confirm_gone(facts.member()?.member_id).await,
             RetireStep::WaitSilent => {
-                self.wait_silent(&facts.address, facts.silence_timeout)
-                    .await
+                let started = Instant::now();
+                let silent = self
+                    .wait_silent(&facts.address, facts.silence_timeout)
+                    .await?;
+                let mut detail = silent.detail;
+                if facts.api_server_accepting == Some(true) {
+                    let left = facts.silence_timeout.saturating_sub(started.elapsed());
+                    detail.push_str(&format!(
+                        "; {}",
+                        self.wait_api_server_gone(&facts.address, left).await?
+                    ));
+                }
+                if let Some(renewer) = self.lease_renewer.take() {
+                    let stats = renewer.stop().await;
+                    let server = facts
+                        .lease_probe
+                        .as_ref()
+                        .map_or("?", |p| p.server.as_str());
+                    detail.push_str(&format!("; {}", describe_renewals(server, &stats)));
+                    facts.lease_renewals = Some(stats);
+                }
+                Ok(Outcome::done(detail))
             }
         }
     }
@@ -757,6 +841,113 @@ impl Ops {
                 return Err(OpsError::step(
                     "wait-silent",
                     format!("{address} still answers after {} s", timeout.as_secs()),
+                ));
+            }
+            OpsError::poll_stop(&self.stop)?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The port of a control-plane node's Kubernetes API server.
+const API_SERVER_PORT: u16 = 6443;
+
+/// Whether `address`'s Kubernetes API server accepts a TCP connection
+/// within a second.
+async fn api_server_accepts(address: &str) -> bool {
+    matches!(
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::net::TcpStream::connect((address, API_SERVER_PORT)),
+        )
+        .await,
+        Ok(Ok(_))
+    )
+}
+
+/// The lease probe's result, in words.
+pub(crate) fn describe_renewals(server: &str, stats: &crate::kube::RenewalStats) -> String {
+    let mut text = format!(
+        "lease renewals through {server}: {} renewed, {} failed (a lease lost each), {} failed attempts, longest {:.1} s without a renewal",
+        stats.renewed,
+        stats.failed,
+        stats.failed_attempts,
+        stats.longest_gap_ms as f64 / 1000.0
+    );
+    if let Some(e) = &stats.last_error {
+        text.push_str(&format!(" (last error: {e})"));
+    }
+    text
+}
+
+impl Ops {
+    /// Starts renewing the probe's Lease through its endpoint, with the
+    /// admin kubeconfig of the surviving voter (in memory only).
+    async fn start_lease_probe(
+        &mut self,
+        facts: &RetireFacts,
+        probe: &LeaseProbe,
+    ) -> Result<String, OpsError> {
+        let source = facts.source()?.address.clone();
+        let fail = |e: String| {
+            OpsError::step(
+                "check",
+                format!(
+                    "the lease probe through {} cannot start: {e}; nothing was changed",
+                    probe.server
+                ),
+            )
+        };
+        let yaml = self
+            .client
+            .node(source.as_str())
+            .kubeconfig()
+            .await
+            .map_err(|e| fail(format!("{source} serves no kubeconfig: {e}")))?;
+        let mut config = crate::kube::KubeConfig::from_yaml(&yaml)
+            .map_err(|e| fail(e.to_string()))?
+            .with_server(probe.server.clone());
+        if let Some(name) = &probe.tls_server_name {
+            config = config.with_tls_server_name(name.clone());
+        }
+        let client = crate::kube::KubeClient::new(&config)
+            .map_err(|e| fail(e.to_string()))?
+            .with_timeout(probe.renew_deadline);
+        let mut options =
+            crate::kube::LeaseRenewerOptions::new("kube-system", "talos-client-retire-probe");
+        options.renew_deadline = probe.renew_deadline;
+        options.retry_period = probe.retry_period;
+        options.lease_duration = (probe.renew_deadline * 3 / 2).max(Duration::from_secs(1));
+        let renewer = crate::kube::LeaseRenewer::start(client, options)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        self.lease_renewer = Some(renewer);
+        Ok(format!(
+            "renewing Lease kube-system/talos-client-retire-probe through {} every {:.1} s",
+            probe.server,
+            probe.retry_period.as_secs_f64()
+        ))
+    }
+
+    /// Waits until `address`'s Kubernetes API server refuses connections.
+    async fn wait_api_server_gone(
+        &self,
+        address: &str,
+        timeout: Duration,
+    ) -> Result<String, OpsError> {
+        let started = Instant::now();
+        loop {
+            if !api_server_accepts(address).await {
+                return Ok(format!(
+                    "its Kubernetes API server (port {API_SERVER_PORT}) no longer accepts connections"
+                ));
+            }
+            if started.elapsed() > timeout {
+                return Err(OpsError::step(
+                    "wait-silent",
+                    format!(
+                        "{address}'s Kubernetes API server still accepts connections on port {API_SERVER_PORT} although its Talos API is silent"
+                    ),
                 ));
             }
             OpsError::poll_stop(&self.stop)?;

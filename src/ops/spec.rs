@@ -15,7 +15,7 @@ pub use super::drill::DrillOptions;
 pub use super::join::{JoinOptions, MaintenanceApply};
 pub use super::migrate::MigrateOptions;
 pub use super::restore::RestoreOptions;
-pub use super::retire::RetireOptions;
+pub use super::retire::{LeaseProbe, RetireOptions};
 pub use super::snapshot::SnapshotOptions;
 pub use super::upgrade::UpgradeOptions;
 

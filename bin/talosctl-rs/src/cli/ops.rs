@@ -152,6 +152,20 @@ pub enum OpsCommand {
         /// How long to wait for the node to go silent (default 2m).
         #[arg(long, value_parser = parse_go_duration)]
         timeout: Option<Duration>,
+        /// Renew a Lease through this Kubernetes API endpoint
+        /// (https://HOST:PORT, e.g. a node's KubePrism) while the node is
+        /// handed over, and report the renewals that failed, as a
+        /// leader-elected controller behind it would see them.
+        #[arg(long, value_name = "URL")]
+        lease_probe: Option<String>,
+        /// The name the lease probe endpoint's certificate is checked
+        /// against (e.g. localhost for a KubePrism).
+        #[arg(long, value_name = "NAME", requires = "lease_probe")]
+        lease_probe_tls_server_name: Option<String>,
+        /// The lease probe's renew deadline (default 10s, client-go's); it
+        /// renews every fifth of it.
+        #[arg(long, value_parser = parse_go_duration, requires = "lease_probe")]
+        lease_probe_deadline: Option<Duration>,
     },
     /// Wait until a new node is a voting etcd member and all are healthy;
     /// with --config, first apply it to the node in maintenance mode.
@@ -308,6 +322,12 @@ pub enum OpsCommand {
         /// --vip-check=false turns it off).
         #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
         vip_check: Option<bool>,
+        /// On a control-plane node whose Kubernetes API server is ready,
+        /// mint a service-account token before the change; the gate then
+        /// requires the API server ready and the token still accepted
+        /// (default true; --kube-check=false turns it off).
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+        kube_check: Option<bool>,
     },
     /// List this cluster's operations.
     List,
@@ -381,6 +401,9 @@ impl OpsCommand {
                 already_left,
                 snapshot_dir,
                 timeout,
+                lease_probe,
+                lease_probe_tls_server_name,
+                lease_probe_deadline,
             } => {
                 let mut o = RetireOptions::new(node);
                 if !wipe.is_empty() {
@@ -389,6 +412,15 @@ impl OpsCommand {
                 o.already_left = *already_left;
                 o.snapshot_dir = snapshot_dir.clone();
                 set(&mut o.silence_timeout, timeout);
+                if let Some(server) = lease_probe {
+                    let mut probe = talos_client::ops::LeaseProbe::new(server.clone());
+                    probe.tls_server_name = lease_probe_tls_server_name.clone();
+                    if let Some(deadline) = lease_probe_deadline {
+                        probe.renew_deadline = *deadline;
+                        probe.retry_period = *deadline / 5;
+                    }
+                    o.lease_probe = Some(probe);
+                }
                 OpSpec::Retire(o)
             }
             OpsCommand::Join {
@@ -429,6 +461,7 @@ impl OpsCommand {
                 reboot_timeout,
                 check,
                 vip_check,
+                kube_check,
             } => {
                 let path = std::path::absolute(file).unwrap_or_else(|_| file.clone());
                 let mut o = ApplyOptions::new(nodes, path);
@@ -440,6 +473,9 @@ impl OpsCommand {
                 o.check = check.clone();
                 if let Some(on) = vip_check {
                     o.vip_check = *on;
+                }
+                if let Some(on) = kube_check {
+                    o.kube_check = *on;
                 }
                 OpSpec::Apply(o)
             }

@@ -1,0 +1,349 @@
+//! The operations' checks that ask Kubernetes, against the simulator's
+//! real kube-apiserver (needs the binary: `scripts/kube-apiserver.sh`
+//! builds it, and the test command runs it).
+//!
+//! - `ops apply`: a token minted before the change must still authenticate
+//!   in the gate, so an endpoint change the issuer guard was told to allow
+//!   is caught and rolled back, and a pinned one passes.
+//! - `ops retire`: controllers renewing their leases through a node's
+//!   KubePrism lose none (the reset follows the leave within milliseconds),
+//!   where the same handover typed by hand with a pause loses some (seed
+//!   000's surprise), and the retired node's API server stops accepting
+//!   connections.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+mod ops_fixture;
+
+use ops_fixture::Fixture;
+use talos_client::kube::{KubeClient, KubeConfig, LeaseRenewer, LeaseRenewerOptions, RenewalStats};
+use talos_test_support::sim::{SimCluster, kube_apiserver_binary, timing_divisor, wait_for};
+
+impl Fixture {
+    async fn with_kubernetes(nodes: usize) -> Fixture {
+        let f = Fixture {
+            sim: SimCluster::start_with_kubernetes(nodes).await,
+            state: tempfile::tempdir().unwrap(),
+        };
+        f.sim.wait_kubernetes_ready(nodes).await;
+        f
+    }
+
+    fn config_with(&self, name: &str, edits: &[(&str, &str)]) -> PathBuf {
+        let mut config =
+            std::fs::read_to_string(self.sim.dir.path().join("controlplane.yaml")).unwrap();
+        for (from, to) in edits {
+            assert!(config.contains(from), "{from:?} not in the config");
+            config = config.replace(from, to);
+        }
+        let path = self.state.path().join(name);
+        std::fs::write(&path, config).unwrap();
+        path
+    }
+}
+
+#[tokio::test]
+async fn kubernetes_an_unpinned_endpoint_change_fails_the_token_check_and_rolls_back() {
+    let f = Fixture::with_kubernetes(1).await;
+    let ip = f.sim.ip(1);
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    let before = node.active_config();
+    let old_endpoint = format!("https://{ip}:6443");
+    let endpoint = (old_endpoint.as_str(), "https://k8s.example:6443");
+
+    // The issuer guard is overridden: only the token check stands between
+    // this change and every token of the cluster.
+    let unpinned = f.config_with("unpinned.yaml", &[endpoint]);
+    let run = f
+        .ops(&[
+            "--yes",
+            "-n",
+            &ip,
+            "apply",
+            "-f",
+            unpinned.to_str().unwrap(),
+            "--expect-change",
+            "cluster.controlPlane.endpoint",
+            "--allow-issuer-change",
+            "controlplane",
+            "--try-timeout",
+            "40s",
+        ])
+        .await;
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    for expected in [
+        "rejects the service-account token minted before the change (401 Unauthorized)",
+        "rolled back to its previous configuration (verified)",
+    ] {
+        assert!(
+            run.stderr.contains(expected),
+            "{expected:?} not in:\n{}",
+            run.stderr
+        );
+    }
+    assert_eq!(
+        node.active_config(),
+        before,
+        "the node runs its old configuration"
+    );
+    let args = node.kube_apiserver_args().unwrap();
+    assert!(
+        args.contains(&format!("--service-account-issuer={old_endpoint}")),
+        "the API server runs the old flags again: {args:?}"
+    );
+
+    // Pinned (issuer and audiences, as 1.13.9 needs), the same change
+    // passes the token check and is confirmed.
+    f.sim.wait_kubernetes_ready(1).await;
+    let pin = format!(
+        "cluster:\n  apiServer:\n    extraArgs:\n      service-account-issuer: {old_endpoint}\n      api-audiences: {old_endpoint}\n"
+    );
+    let pinned = f.config_with("pinned.yaml", &[endpoint, ("cluster:\n", pin.as_str())]);
+    let run = f
+        .ops(&[
+            "--yes",
+            "-n",
+            &ip,
+            "apply",
+            "-f",
+            pinned.to_str().unwrap(),
+            "--expect-change",
+            "cluster.controlPlane.endpoint",
+            "--expect-change",
+            "cluster.apiServer",
+            "--try-timeout",
+            "30s",
+        ])
+        .await
+        .ok();
+    let record = run.json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    let details: Vec<String> = record["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["detail"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        details
+            .iter()
+            .any(|d| d.contains("a token of kube-system/default minted for the gate")),
+        "{details:?}"
+    );
+    assert!(
+        details
+            .iter()
+            .any(|d| d.contains("still accepts the token minted before the change")),
+        "{details:?}"
+    );
+    assert!(node.active_config().contains("k8s.example"));
+}
+
+/// A renewal's renew deadline and retry period here: client-go's 10 s and
+/// 2 s, divided by 10/3 (the hand-typed pause below is longer than it).
+const RENEW_DEADLINE: Duration = Duration::from_secs(3);
+const RETRY_PERIOD: Duration = Duration::from_millis(600);
+/// The pause of the hand-typed handover between `etcd leave` and `reset`.
+const HAND_PAUSE: Duration = Duration::from_secs(6);
+
+/// Three control-plane nodes with Kubernetes, KubePrism health checks off
+/// (every upstream stays in one tier: connections go round-robin, so
+/// three controllers land on the three API servers, one each).
+async fn round_robin_cluster() -> Fixture {
+    let binary = kube_apiserver_binary();
+    let f = Fixture::start_with(3, |cfg| {
+        cfg.timing = talos_sim::TalosTiming {
+            kubeprism_health_interval: Duration::from_secs(3600),
+            ..talos_sim::TalosTiming::scaled_down(timing_divisor())
+        };
+        cfg.kube_apiserver = Some(binary);
+    })
+    .await;
+    f.sim.wait_kubernetes_ready(3).await;
+    f.sim.wait_etcd_healthy(3).await;
+    f
+}
+
+/// cp-1's KubePrism as `https://IP:PORT`.
+fn prism_url(f: &Fixture) -> String {
+    let prism = f
+        .sim
+        .cluster
+        .node("cp-1")
+        .unwrap()
+        .kubeprism_addr()
+        .unwrap();
+    format!("https://{prism}")
+}
+
+/// Proxied connections per upstream of cp-1's KubePrism.
+fn proxied(f: &Fixture) -> Vec<(String, u64)> {
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    node.kubeprism_upstreams()
+        .into_iter()
+        .map(|u| (u.address, u.proxied))
+        .collect()
+}
+
+/// Three controllers, each renewing its own Lease on its own connection
+/// through cp-1's KubePrism; returns once each has renewed and the three
+/// connections sit on three different API servers.
+async fn controllers(f: &Fixture) -> Vec<LeaseRenewer> {
+    let yaml = f.sim.admin().node(f.sim.ip(1)).kubeconfig().await.unwrap();
+    let config = KubeConfig::from_yaml(&yaml)
+        .unwrap()
+        .with_server(prism_url(f))
+        .with_tls_server_name("localhost");
+    let mut renewers = Vec::new();
+    for i in 1..=3 {
+        let client = KubeClient::new(&config)
+            .unwrap()
+            .with_timeout(RENEW_DEADLINE);
+        let mut options = LeaseRenewerOptions::new("kube-system", format!("controller-{i}"));
+        options.renew_deadline = RENEW_DEADLINE;
+        options.retry_period = RETRY_PERIOD;
+        options.lease_duration = Duration::from_secs(5);
+        renewers.push(LeaseRenewer::start(client, options).await.unwrap());
+    }
+    wait_for(
+        "every controller to renew",
+        Duration::from_secs(30),
+        || async {
+            renewers
+                .iter()
+                .all(|r| r.stats().renewed >= 2)
+                .then_some(())
+        },
+    )
+    .await;
+    let spread: Vec<u64> = proxied(f).into_iter().map(|(_, n)| n).collect();
+    assert_eq!(
+        spread,
+        [1, 1, 1],
+        "one controller per API server: {:?}",
+        proxied(f)
+    );
+    renewers
+}
+
+/// Stops the controllers once each renewed again after `since` (they
+/// recovered), and sums what they saw.
+async fn stop_after_recovery(renewers: Vec<LeaseRenewer>, since: &[u64]) -> RenewalStats {
+    wait_for(
+        "every controller to renew again",
+        Duration::from_secs(60),
+        || async {
+            renewers
+                .iter()
+                .zip(since)
+                .all(|(r, n)| r.stats().renewed > *n)
+                .then_some(())
+        },
+    )
+    .await;
+    let mut total = RenewalStats::default();
+    for r in renewers {
+        let s = r.stop().await;
+        total.renewed += s.renewed;
+        total.failed += s.failed;
+        total.failed_attempts += s.failed_attempts;
+        total.longest_gap_ms = total.longest_gap_ms.max(s.longest_gap_ms);
+        total.last_error = total.last_error.or(s.last_error);
+    }
+    total
+}
+
+#[tokio::test]
+async fn kubernetes_ops_retire_loses_no_lease_renewal_through_kubeprism() {
+    let f = round_robin_cluster().await;
+    let renewers = controllers(&f).await;
+    let since: Vec<u64> = renewers.iter().map(|r| r.stats().renewed).collect();
+    let ip2 = f.sim.ip(2);
+    let url = prism_url(&f);
+    let deadline = format!("{}s", RENEW_DEADLINE.as_secs());
+    let run = f
+        .ops(&[
+            "--yes",
+            "retire",
+            &ip2,
+            "--lease-probe",
+            &url,
+            "--lease-probe-tls-server-name",
+            "localhost",
+            "--lease-probe-deadline",
+            &deadline,
+        ])
+        .await
+        .ok();
+    let record = run.json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    let controllers = stop_after_recovery(renewers, &since).await;
+    eprintln!("ops retire: controllers {controllers:?}");
+    assert_eq!(
+        controllers.failed, 0,
+        "no controller lost its lease: {controllers:?}"
+    );
+
+    // The operation's own probe saw the same.
+    let probe = &record["facts"]["lease_renewals"];
+    assert!(probe["renewed"].as_u64().unwrap() > 0, "{probe}");
+    assert_eq!(probe["failed"], 0, "{probe}");
+    let last = record["steps"].as_array().unwrap().last().unwrap();
+    let detail = last["detail"].as_str().unwrap();
+    for expected in [
+        "its Kubernetes API server (port 6443) no longer accepts connections",
+        "0 failed (a lease lost each)",
+    ] {
+        assert!(detail.contains(expected), "{expected:?} not in {detail:?}");
+    }
+    assert!(
+        std::net::TcpStream::connect((ip2.as_str(), 6443)).is_err(),
+        "nothing listens on the retired node's port 6443"
+    );
+}
+
+#[tokio::test]
+async fn kubernetes_a_hand_typed_leave_pause_reset_loses_lease_renewals() {
+    let f = round_robin_cluster().await;
+    let renewers = controllers(&f).await;
+    let ip2 = f.sim.ip(2);
+    // The simulator runs in this process: the CLI runs off its threads.
+    let ctl = |args: &[&str]| {
+        let mut cmd = talos_test_support::cli::command(&f.talosconfig());
+        cmd.args(["-n", &ip2]).args(args);
+        async move {
+            let out = tokio::task::spawn_blocking(move || cmd.output())
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
+    ctl(&["etcd", "leave"]).await;
+    // The pause is what this test measures: an operator reading the output
+    // before typing the next command.
+    tokio::time::sleep(HAND_PAUSE).await;
+    ctl(&[
+        "reset",
+        "--system-labels-to-wipe",
+        "STATE",
+        "--system-labels-to-wipe",
+        "EPHEMERAL",
+        "--reboot=false",
+        "--graceful=false",
+        "--wait=false",
+    ])
+    .await;
+    let since: Vec<u64> = renewers.iter().map(|r| r.stats().renewed).collect();
+    let controllers = stop_after_recovery(renewers, &since).await;
+    eprintln!("hand-typed: controllers {controllers:?}");
+    assert!(
+        controllers.failed > 0,
+        "the controller on cp-2's API server lost its lease during the pause: {controllers:?}"
+    );
+}

@@ -490,6 +490,11 @@ fn node_steps(
     if let Some(cmd) = &options.check {
         parts.push(format!("`{cmd}` exits 0"));
     }
+    if options.kube_check && !reboot {
+        parts.push(format!(
+            "(when {node}'s Kubernetes API server is ready before the change) it is ready again and still accepts a service-account token minted before the change"
+        ));
+    }
     let last = parts.pop().unwrap_or_default();
     let gate = format!("{}, and {last}", parts.join(", "));
     if reboot {

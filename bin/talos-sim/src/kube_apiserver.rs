@@ -488,7 +488,7 @@ fn scalar(value: &Value) -> Option<String> {
 
 /// The host of an `https://HOST:PORT` endpoint (brackets of an IPv6
 /// address removed).
-fn endpoint_host(endpoint: &str) -> &str {
+pub(crate) fn endpoint_host(endpoint: &str) -> &str {
     let rest = endpoint.split("://").nth(1).unwrap_or(endpoint);
     let authority = rest.split('/').next().unwrap_or(rest);
     if let Some(v6) = authority.strip_prefix('[') {

@@ -32,6 +32,7 @@ mod auth;
 pub mod cluster;
 mod config_schema;
 pub mod control;
+pub mod controllers;
 pub mod cosi;
 mod cosi_state;
 mod dial;

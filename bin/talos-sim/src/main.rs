@@ -55,6 +55,27 @@ enum Fault {
 enum Command {
     /// Start a cluster and run until SIGINT or SIGTERM.
     Up(UpArgs),
+    /// Run COUNT stand-ins for leader-elected controllers against the
+    /// cluster running in DIR: each renews its own Lease on its own
+    /// connection through URL (default: the first node's KubePrism), as
+    /// client-go's leader election does, until SIGINT or SIGTERM; then
+    /// prints what they saw as JSON (a failed renewal is a lease lost).
+    Controllers {
+        /// The directory `talos-sim up` runs in.
+        dir: PathBuf,
+        /// The Kubernetes API endpoint they go through (https://HOST:PORT;
+        /// its certificate is checked as localhost, as KubePrism's clients
+        /// on the node check it).
+        #[arg(long, value_name = "URL")]
+        through: Option<String>,
+        /// How many controllers.
+        #[arg(long, default_value_t = 3)]
+        count: usize,
+        /// Seconds a renewal may keep failing before the lease is lost
+        /// (client-go's default: 10); they renew every fifth of it.
+        #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+        renew_deadline: f64,
+    },
     /// Add a control-plane node to the cluster running in DIR.
     AddNode {
         /// The directory `talos-sim up` runs in.
@@ -179,6 +200,12 @@ async fn main() -> std::process::ExitCode {
     let result = match Cli::parse().command {
         Command::Up(args) => up(args).await,
         Command::AddNode { dir, maintenance } => add_node(&dir, maintenance).await,
+        Command::Controllers {
+            dir,
+            through,
+            count,
+            renew_deadline,
+        } => controllers(&dir, through.as_deref(), count, renew_deadline).await,
         Command::Fill { dir, clear, .. } if clear => control::send(&dir, &Request::Clear)
             .await
             .map(|reply| match reply {
@@ -345,6 +372,37 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     wait_for_signal().await?;
     eprintln!("talos-sim: stopping");
     cluster.shutdown().await;
+    Ok(())
+}
+
+async fn controllers(
+    dir: &std::path::Path,
+    through: Option<&str>,
+    count: usize,
+    renew_deadline: f64,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Duration::try_from_secs_f64(renew_deadline)
+        .ok()
+        .filter(|d| *d >= std::time::Duration::from_millis(250))
+        .ok_or_else(|| anyhow::anyhow!("--renew-deadline {renew_deadline}: at least 0.25 s"))?;
+    let controllers = talos_sim::controllers::Controllers::start(
+        dir,
+        through,
+        count,
+        deadline,
+        std::time::Duration::from_secs(300),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!(e))?;
+    eprintln!(
+        "{count} controllers renewing their leases through {}",
+        controllers.through()
+    );
+    wait_for_signal().await?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&controllers.stop().await)?
+    );
     Ok(())
 }
 

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 use talos_client::ops::{
-    ApplyOptions, DefragOptions, JoinOptions, MachineRole, MaintenanceApply, MigrateOptions,
-    OpRecord, OpSpec, OpState, Plan, RetireOptions, SnapshotOptions, StepState, UpgradeOptions,
+    ApplyOptions, DefragOptions, JoinOptions, LeaseProbe, MachineRole, MaintenanceApply,
+    MigrateOptions, OpRecord, OpSpec, OpState, Plan, RetireOptions, SnapshotOptions, StepState,
+    UpgradeOptions,
 };
 
 mod events;
@@ -146,6 +147,12 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
                 wipe: o.wipe.clone(),
                 already_left: o.already_left,
                 silence_timeout_s: secs(o.silence_timeout),
+                lease_probe: o.lease_probe.as_ref().map(|p| proto::LeaseProbe {
+                    server: p.server.clone(),
+                    tls_server_name: p.tls_server_name.clone().unwrap_or_default(),
+                    renew_deadline_ms: u32::try_from(p.renew_deadline.as_millis())
+                        .unwrap_or(u32::MAX),
+                }),
             })
         }
         OpSpec::Join(o) => Kind::Join(proto::JoinParams {
@@ -182,6 +189,7 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
                 try_timeout_s: secs(o.try_timeout),
                 reboot_timeout_s: secs(o.reboot_timeout),
                 vip_check: Some(o.vip_check),
+                kube_check: Some(o.kube_check),
             })
         }
         OpSpec::Upgrade(o) => Kind::Upgrade(proto::UpgradeParams {
@@ -217,6 +225,15 @@ pub fn spec_from_proto(kind: Kind) -> OpSpec {
             }
             o.already_left = p.already_left;
             o.silence_timeout = or_default(p.silence_timeout_s, o.silence_timeout);
+            o.lease_probe = p.lease_probe.map(|p| {
+                let mut probe = LeaseProbe::new(p.server);
+                probe.tls_server_name = Some(p.tls_server_name).filter(|n| !n.is_empty());
+                if p.renew_deadline_ms != 0 {
+                    probe.renew_deadline = Duration::from_millis(p.renew_deadline_ms.into());
+                    probe.retry_period = probe.renew_deadline / 5;
+                }
+                probe
+            });
             OpSpec::Retire(o)
         }
         Kind::Join(p) => {
@@ -248,6 +265,9 @@ pub fn spec_from_proto(kind: Kind) -> OpSpec {
             o.reboot_timeout = or_default(p.reboot_timeout_s, o.reboot_timeout);
             if let Some(on) = p.vip_check {
                 o.vip_check = on;
+            }
+            if let Some(on) = p.kube_check {
+                o.kube_check = on;
             }
             OpSpec::Apply(o)
         }
@@ -499,7 +519,17 @@ mod tests {
         migrate.wipe = vec!["STATE".into()];
         let mut retire = RetireOptions::new("cp-1");
         retire.already_left = true;
+        let mut probed = RetireOptions::new("cp-2");
+        let mut probe = LeaseProbe::new("https://10.0.0.3:7445");
+        probe.tls_server_name = Some("localhost".into());
+        probe.renew_deadline = Duration::from_secs(3);
+        probe.retry_period = Duration::from_millis(600);
+        probed.lease_probe = Some(probe);
+        let mut unchecked = ApplyOptions::new(vec!["a".into()], "/etc/cp.yaml".into());
+        unchecked.kube_check = false;
         let specs = [
+            OpSpec::Retire(probed),
+            OpSpec::Apply(unchecked),
             OpSpec::Snapshot(SnapshotOptions::new(None, Some(3))),
             OpSpec::Snapshot(SnapshotOptions::default()),
             OpSpec::Retire(retire),

@@ -347,3 +347,67 @@ async fn kubernetes_a_hand_typed_leave_pause_reset_loses_lease_renewals() {
         "the controller on cp-2's API server lost its lease during the pause: {controllers:?}"
     );
 }
+
+/// `talosctl-rs` with the simulator's talosconfig, off the test's threads
+/// (the simulator runs in this process).
+async fn cli(f: &Fixture, args: &[&str]) -> std::process::Output {
+    let mut cmd = talos_test_support::cli::command(&f.talosconfig());
+    cmd.args(args);
+    tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn kubernetes_health_waits_for_every_control_plane_api_server() {
+    let f = Fixture::with_kubernetes(3).await;
+    f.sim.wait_etcd_healthy(3).await;
+    let ip1 = f.sim.ip(1);
+    let out = cli(&f, &["-n", &ip1, "health", "--wait-timeout", "2m"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for i in 1..=3 {
+        let line = format!(
+            "waiting for kube-apiserver https://{}:6443 to be ready: OK",
+            f.sim.ip(i)
+        );
+        assert!(stdout.contains(&line), "{line:?} not in:\n{stdout}");
+    }
+    assert!(
+        stdout.contains("waiting for all k8s nodes to report ready: none registered"),
+        "{stdout}"
+    );
+
+    // cp-2's API server frozen: it accepts connections and answers
+    // nothing; the check waits for it and fails naming it.
+    let pid = f
+        .sim
+        .cluster
+        .node("cp-2")
+        .unwrap()
+        .kube_apiserver_pid()
+        .unwrap();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let out = cli(&f, &["-n", &ip1, "health", "--wait-timeout", "15s"]).await;
+    signal("-CONT");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let expected = format!(
+        "Kubernetes health check failed: kube-apiserver https://{}:6443",
+        f.sim.ip(2)
+    );
+    assert!(stderr.contains(&expected), "{expected:?} not in:\n{stderr}");
+}

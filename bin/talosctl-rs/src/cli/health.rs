@@ -1,11 +1,17 @@
 //! `talosctl-rs health`: the server-side cluster health check
 //! (cluster.ClusterService/HealthCheck), its progress lines streamed as
-//! they come; exit 1 when a check fails or the wait runs out.
+//! they come, then the Kubernetes checks talosctl also makes
+//! (pkg/cluster/check: the control plane's API servers ready, every
+//! registered node ready), from this host with the admin kubeconfig the
+//! node serves (kept in memory); exit 1 when a check fails or the wait
+//! runs out.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use talos_client::client::HealthCheckRequest;
+use talos_client::kube::{KubeClient, KubeConfig, KubeError};
+use talos_client::{Client, One};
 
 use super::apply::parse_go_duration;
 use super::{Global, Output, print_structured};
@@ -37,10 +43,11 @@ pub async fn run(global: &Global, args: HealthArgs) -> anyhow::Result<()> {
     {
         control_plane.insert(0, init);
     }
+    let started = Instant::now();
     let request = HealthCheckRequest::new(args.wait_timeout)
-        .with_control_plane_nodes(control_plane)
+        .with_control_plane_nodes(control_plane.clone())
         .with_worker_nodes(args.worker_nodes)
-        .with_force_endpoint(args.k8s_endpoint);
+        .with_force_endpoint(args.k8s_endpoint.clone());
     let mut lines = Vec::new();
     let mut stream = client.health_check(request).await?;
     let mut failure = None;
@@ -53,9 +60,23 @@ pub async fn run(global: &Global, args: HealthArgs) -> anyhow::Result<()> {
                 lines.push(line);
             }
             Err(error) => {
-                failure = Some(error);
+                failure = Some(anyhow::Error::new(error).context("cluster health check failed"));
                 break;
             }
+        }
+    }
+    if failure.is_none() {
+        let wait = args.wait_timeout.saturating_sub(started.elapsed());
+        let mut say = |line: String| {
+            if global.output == Output::Table {
+                outln!("{line}");
+            }
+            lines.push(line);
+        };
+        if let Err(reason) =
+            kubernetes(&client, &control_plane, &args.k8s_endpoint, wait, &mut say).await
+        {
+            failure = Some(anyhow::anyhow!("Kubernetes health check failed: {reason}"));
         }
     }
     if global.output != Output::Table {
@@ -71,6 +92,159 @@ pub async fn run(global: &Global, args: HealthArgs) -> anyhow::Result<()> {
     }
     match failure {
         None => Ok(()),
-        Some(error) => Err(anyhow::Error::new(error).context("cluster health check failed")),
+        Some(error) => Err(error),
+    }
+}
+
+/// How often a Kubernetes check looks again.
+const POLL: Duration = Duration::from_millis(500);
+
+/// The Kubernetes checks: each control-plane node's API server (or
+/// `endpoint`) ready, then every node the API lists ready, each waited for
+/// until `wait` runs out. A node that serves no kubeconfig, or an API
+/// server that refuses connections (no Kubernetes there), is reported and
+/// skipped.
+async fn kubernetes(
+    client: &Client<One>,
+    control_plane: &[String],
+    endpoint: &str,
+    wait: Duration,
+    say: &mut impl FnMut(String),
+) -> Result<(), String> {
+    let admin = match client.kubeconfig().await {
+        Ok(yaml) => KubeConfig::from_yaml(&yaml).map_err(|e| e.to_string())?,
+        Err(e) => {
+            say(format!(
+                "kubernetes checks skipped: no admin kubeconfig ({e})"
+            ));
+            return Ok(());
+        }
+    };
+    let servers: Vec<String> = if !endpoint.is_empty() {
+        vec![endpoint.trim_end_matches('/').to_string()]
+    } else {
+        let hosts = if control_plane.is_empty() {
+            member_hosts(client).await?
+        } else {
+            control_plane.to_vec()
+        };
+        hosts.iter().map(|h| api_server_url(h)).collect()
+    };
+    let until = Instant::now() + wait;
+    let mut ready = None;
+    for server in &servers {
+        let kube = KubeClient::new(&admin.clone().with_server(server.clone()))
+            .map_err(|e| e.to_string())?
+            .with_timeout(Duration::from_secs(5));
+        let mut answered = false;
+        loop {
+            match kube.readyz().await {
+                Ok(r) if r.is_ready() => {
+                    say(format!(
+                        "waiting for kube-apiserver {server} to be ready: OK"
+                    ));
+                    ready.get_or_insert(kube);
+                    break;
+                }
+                Err(KubeError::Connect { reason, .. }) if !answered => {
+                    say(format!(
+                        "kube-apiserver {server}: not answering ({reason}): skipped"
+                    ));
+                    break;
+                }
+                outcome => {
+                    answered = true;
+                    if Instant::now() >= until {
+                        return Err(match outcome {
+                            Ok(r) => format!(
+                                "kube-apiserver {server} is not ready: {}",
+                                r.body.replace('\n', "; ")
+                            ),
+                            Err(e) => format!("kube-apiserver {server}: {e}"),
+                        });
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+            }
+        }
+    }
+    let Some(kube) = ready else {
+        return Ok(());
+    };
+    loop {
+        let nodes = kube.nodes().await.map_err(|e| e.to_string())?;
+        let waiting: Vec<&str> = nodes
+            .iter()
+            .filter(|n| !n.ready)
+            .map(|n| n.name.as_str())
+            .collect();
+        if nodes.is_empty() {
+            say("waiting for all k8s nodes to report ready: none registered".into());
+            return Ok(());
+        }
+        if waiting.is_empty() {
+            say(format!(
+                "waiting for all k8s nodes to report ready: OK ({} nodes)",
+                nodes.len()
+            ));
+            return Ok(());
+        }
+        if Instant::now() >= until {
+            return Err(format!("k8s nodes not ready: {}", waiting.join(", ")));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The hosts of the etcd members' peer URLs: the control plane.
+async fn member_hosts(client: &Client<One>) -> Result<Vec<String>, String> {
+    let members = client
+        .etcd_member_list(false)
+        .await
+        .map_err(|e| format!("the control-plane nodes cannot be discovered: {e}"))?;
+    Ok(members
+        .iter()
+        .filter_map(|m| m.peer_urls.first())
+        .filter_map(|url| url_host(url))
+        .collect())
+}
+
+/// The host of `scheme://host:port`, without an IPv6 address's brackets.
+fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next()?;
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']')?.0,
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    (!host.is_empty()).then(|| host.to_string())
+}
+
+/// `https://HOST:6443`.
+fn api_server_url(host: &str) -> String {
+    if host.contains(':') {
+        format!("https://[{host}]:6443")
+    } else {
+        format!("https://{host}:6443")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_of_peer_urls() {
+        assert_eq!(
+            url_host("https://10.0.0.2:2380").as_deref(),
+            Some("10.0.0.2")
+        );
+        assert_eq!(
+            url_host("http://[fd00::2]:2380").as_deref(),
+            Some("fd00::2")
+        );
+        assert_eq!(url_host("https://cp-1").as_deref(), Some("cp-1"));
+        assert_eq!(url_host("https://:2380"), None);
+        assert_eq!(api_server_url("fd00::2"), "https://[fd00::2]:6443");
     }
 }

@@ -57,6 +57,10 @@ pub struct MigrateOptions {
         rename = "silence_timeout_ms"
     )]
     pub silence_timeout: Duration,
+    /// Renew a Lease through this endpoint during OLD's handover and report
+    /// the failed renewals ([`RetireOptions::lease_probe`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_probe: Option<super::LeaseProbe>,
 }
 
 impl MigrateOptions {
@@ -72,6 +76,7 @@ impl MigrateOptions {
             wipe: retire.wipe,
             snapshot_dir: retire.snapshot_dir,
             silence_timeout: retire.silence_timeout,
+            lease_probe: None,
         }
     }
 }
@@ -193,6 +198,7 @@ impl Ops {
             .await?;
         let (wipe, wipe_note) = self.wipe_labels(&address, &options.wipe).await;
         let node_id = self.node_id_of(&address).await;
+        let api_server_accepting = Some(super::retire::api_server_accepts(&address).await);
         let retire = RetireFacts {
             address,
             member: Some(PlannedMember {
@@ -208,8 +214,8 @@ impl Ops {
             silence_timeout: options.silence_timeout,
             snapshot: None,
             leave_to_reset_gap_ms: None,
-            api_server_accepting: None,
-            lease_probe: None,
+            api_server_accepting,
+            lease_probe: options.lease_probe.clone(),
             lease_renewals: None,
         };
         let facts = MigrateFacts { join, retire };

@@ -854,7 +854,7 @@ const API_SERVER_PORT: u16 = 6443;
 
 /// Whether `address`'s Kubernetes API server accepts a TCP connection
 /// within a second.
-async fn api_server_accepts(address: &str) -> bool {
+pub(crate) async fn api_server_accepts(address: &str) -> bool {
     matches!(
         tokio::time::timeout(
             Duration::from_secs(1),

@@ -147,12 +147,7 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
                 wipe: o.wipe.clone(),
                 already_left: o.already_left,
                 silence_timeout_s: secs(o.silence_timeout),
-                lease_probe: o.lease_probe.as_ref().map(|p| proto::LeaseProbe {
-                    server: p.server.clone(),
-                    tls_server_name: p.tls_server_name.clone().unwrap_or_default(),
-                    renew_deadline_ms: u32::try_from(p.renew_deadline.as_millis())
-                        .unwrap_or(u32::MAX),
-                }),
+                lease_probe: o.lease_probe.as_ref().map(probe_to_proto),
             })
         }
         OpSpec::Join(o) => Kind::Join(proto::JoinParams {
@@ -171,6 +166,7 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
                 join_timeout_s: secs(o.join_timeout),
                 wipe: o.wipe.clone(),
                 silence_timeout_s: secs(o.silence_timeout),
+                lease_probe: o.lease_probe.as_ref().map(probe_to_proto),
             })
         }
         OpSpec::Apply(o) => {
@@ -210,6 +206,26 @@ pub fn spec_to_proto(spec: &OpSpec) -> Result<Kind, ConvertError> {
     })
 }
 
+fn probe_to_proto(p: &LeaseProbe) -> proto::LeaseProbe {
+    proto::LeaseProbe {
+        server: p.server.clone(),
+        tls_server_name: p.tls_server_name.clone().unwrap_or_default(),
+        renew_deadline_ms: u32::try_from(p.renew_deadline.as_millis()).unwrap_or(u32::MAX),
+    }
+}
+
+/// A probe from the wire: an unset deadline is the library's, and it
+/// renews every fifth of the deadline.
+fn probe_from_proto(p: proto::LeaseProbe) -> LeaseProbe {
+    let mut probe = LeaseProbe::new(p.server);
+    probe.tls_server_name = Some(p.tls_server_name).filter(|n| !n.is_empty());
+    if p.renew_deadline_ms != 0 {
+        probe.renew_deadline = Duration::from_millis(p.renew_deadline_ms.into());
+        probe.retry_period = probe.renew_deadline / 5;
+    }
+    probe
+}
+
 /// The spec a request message asks for; unset numbers and lists take the
 /// options types' defaults.
 pub fn spec_from_proto(kind: Kind) -> OpSpec {
@@ -225,15 +241,7 @@ pub fn spec_from_proto(kind: Kind) -> OpSpec {
             }
             o.already_left = p.already_left;
             o.silence_timeout = or_default(p.silence_timeout_s, o.silence_timeout);
-            o.lease_probe = p.lease_probe.map(|p| {
-                let mut probe = LeaseProbe::new(p.server);
-                probe.tls_server_name = Some(p.tls_server_name).filter(|n| !n.is_empty());
-                if p.renew_deadline_ms != 0 {
-                    probe.renew_deadline = Duration::from_millis(p.renew_deadline_ms.into());
-                    probe.retry_period = probe.renew_deadline / 5;
-                }
-                probe
-            });
+            o.lease_probe = p.lease_probe.map(probe_from_proto);
             OpSpec::Retire(o)
         }
         Kind::Join(p) => {
@@ -250,6 +258,7 @@ pub fn spec_from_proto(kind: Kind) -> OpSpec {
                 o.wipe = p.wipe;
             }
             o.silence_timeout = or_default(p.silence_timeout_s, o.silence_timeout);
+            o.lease_probe = p.lease_probe.map(probe_from_proto);
             OpSpec::Migrate(o)
         }
         Kind::Apply(p) => {
@@ -517,6 +526,7 @@ mod tests {
         let mut migrate = MigrateOptions::new("cp-1", "10.0.0.9");
         migrate.maintenance = Some(MaintenanceApply::pinned("/etc/cp.yaml", vec!["fp".into()]));
         migrate.wipe = vec!["STATE".into()];
+        migrate.lease_probe = Some(LeaseProbe::new("https://10.0.0.4:6443"));
         let mut retire = RetireOptions::new("cp-1");
         retire.already_left = true;
         let mut probed = RetireOptions::new("cp-2");

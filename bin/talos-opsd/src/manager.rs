@@ -330,7 +330,7 @@ impl Manager {
     ) -> Result<(OpRecord, Vec<String>), StartError> {
         let resolved = self.resolve(cluster)?;
         let spec = configured(&resolved, spec);
-        let (id, notes) = self.spawn(resolved, Job::Run(spec, confirmed)).await?;
+        let (id, notes) = self.spawn(resolved, Job::Run(Box::new(spec), confirmed)).await?;
         Ok((self.journal()?.get(&id)?, notes))
     }
 
@@ -602,7 +602,7 @@ pub fn retention_cutoff(now: time::OffsetDateTime, max_age: std::time::Duration)
 }
 
 enum Job {
-    Run(OpSpec, Option<String>),
+    Run(Box<OpSpec>, Option<String>),
     Resume(String),
 }
 

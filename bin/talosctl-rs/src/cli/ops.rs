@@ -42,6 +42,38 @@ pub struct OpsArgs {
     pub command: OpsCommand,
 }
 
+/// A Lease renewed during a handover.
+#[derive(clap::Args)]
+pub struct LeaseProbeArgs {
+    /// Renew a Lease through this Kubernetes API endpoint
+    /// (https://HOST:PORT, e.g. a node's KubePrism) while the node is
+    /// handed over, and report the renewals that failed, as a
+    /// leader-elected controller behind it would see them.
+    #[arg(long, value_name = "URL")]
+    lease_probe: Option<String>,
+    /// The name the lease probe endpoint's certificate is checked
+    /// against (e.g. localhost for a KubePrism).
+    #[arg(long, value_name = "NAME", requires = "lease_probe")]
+    lease_probe_tls_server_name: Option<String>,
+    /// The lease probe's renew deadline (default 10s, client-go's); it
+    /// renews every fifth of it.
+    #[arg(long, value_parser = parse_go_duration, requires = "lease_probe")]
+    lease_probe_deadline: Option<Duration>,
+}
+
+impl LeaseProbeArgs {
+    fn spec(&self) -> Option<talos_client::ops::LeaseProbe> {
+        let server = self.lease_probe.as_ref()?;
+        let mut probe = talos_client::ops::LeaseProbe::new(server.clone());
+        probe.tls_server_name = self.lease_probe_tls_server_name.clone();
+        if let Some(deadline) = self.lease_probe_deadline {
+            probe.renew_deadline = deadline;
+            probe.retry_period = deadline / 5;
+        }
+        Some(probe)
+    }
+}
+
 /// A configuration for a node in maintenance mode.
 #[derive(clap::Args)]
 pub struct MaintenanceArgs {
@@ -152,20 +184,8 @@ pub enum OpsCommand {
         /// How long to wait for the node to go silent (default 2m).
         #[arg(long, value_parser = parse_go_duration)]
         timeout: Option<Duration>,
-        /// Renew a Lease through this Kubernetes API endpoint
-        /// (https://HOST:PORT, e.g. a node's KubePrism) while the node is
-        /// handed over, and report the renewals that failed, as a
-        /// leader-elected controller behind it would see them.
-        #[arg(long, value_name = "URL")]
-        lease_probe: Option<String>,
-        /// The name the lease probe endpoint's certificate is checked
-        /// against (e.g. localhost for a KubePrism).
-        #[arg(long, value_name = "NAME", requires = "lease_probe")]
-        lease_probe_tls_server_name: Option<String>,
-        /// The lease probe's renew deadline (default 10s, client-go's); it
-        /// renews every fifth of it.
-        #[arg(long, value_parser = parse_go_duration, requires = "lease_probe")]
-        lease_probe_deadline: Option<Duration>,
+        #[command(flatten)]
+        lease_probe: LeaseProbeArgs,
     },
     /// Wait until a new node is a voting etcd member and all are healthy;
     /// with --config, first apply it to the node in maintenance mode.
@@ -203,6 +223,8 @@ pub enum OpsCommand {
         /// How long to wait for OLD to go silent (default 2m).
         #[arg(long, value_parser = parse_go_duration)]
         timeout: Option<Duration>,
+        #[command(flatten)]
+        lease_probe: LeaseProbeArgs,
     },
     /// Defragment etcd's members whose database is mostly free space, one
     /// at a time, followers first and the leader last (after handing its
@@ -402,8 +424,6 @@ impl OpsCommand {
                 snapshot_dir,
                 timeout,
                 lease_probe,
-                lease_probe_tls_server_name,
-                lease_probe_deadline,
             } => {
                 let mut o = RetireOptions::new(node);
                 if !wipe.is_empty() {
@@ -412,15 +432,7 @@ impl OpsCommand {
                 o.already_left = *already_left;
                 o.snapshot_dir = snapshot_dir.clone();
                 set(&mut o.silence_timeout, timeout);
-                if let Some(server) = lease_probe {
-                    let mut probe = talos_client::ops::LeaseProbe::new(server.clone());
-                    probe.tls_server_name = lease_probe_tls_server_name.clone();
-                    if let Some(deadline) = lease_probe_deadline {
-                        probe.renew_deadline = *deadline;
-                        probe.retry_period = *deadline / 5;
-                    }
-                    o.lease_probe = Some(probe);
-                }
+                o.lease_probe = lease_probe.spec();
                 OpSpec::Retire(o)
             }
             OpsCommand::Join {
@@ -441,8 +453,10 @@ impl OpsCommand {
                 wipe,
                 snapshot_dir,
                 timeout,
+                lease_probe,
             } => {
                 let mut o = MigrateOptions::new(from, to);
+                o.lease_probe = lease_probe.spec();
                 o.maintenance = maintenance.spec();
                 set(&mut o.join_timeout, join_timeout);
                 if !wipe.is_empty() {

@@ -85,7 +85,7 @@ pub struct RenewalStats {
 pub struct LeaseRenewer {
     stats: Arc<Mutex<RenewalStats>>,
     stop: watch::Sender<bool>,
-    task: Option<JoinHandle<()>>,
+    task: Option<JoinHandle<Lease>>,
 }
 
 impl Drop for LeaseRenewer {
@@ -125,17 +125,22 @@ impl LeaseRenewer {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    /// Stops renewing (a renewal in progress finishes first) and returns
-    /// what it saw.
+    /// Stops renewing (a renewal in progress finishes first), deletes the
+    /// Lease (best effort: a stale one expires on its own), and returns what
+    /// it saw.
     pub async fn stop(mut self) -> RenewalStats {
         let _ = self.stop.send(true);
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
+        if let Some(task) = self.task.take()
+            && let Ok(lease) = task.await
+        {
+            let path = format!("{}/{}", lease.path(), lease.options.name);
+            let _ = lease.client.delete(&path).await;
         }
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
 }
 
+#[derive(Debug)]
 struct Lease {
     client: KubeClient,
     options: LeaseRenewerOptions,
@@ -226,7 +231,7 @@ async fn run(
     mut lease: Lease,
     stats: Arc<Mutex<RenewalStats>>,
     mut stopped: watch::Receiver<bool>,
-) {
+) -> Lease {
     let retry = lease.options.retry_period;
     let deadline = lease.options.renew_deadline;
     let mut last_success = Instant::now();
@@ -278,4 +283,5 @@ async fn run(
     // A failure still going on when it stops counts in the longest gap.
     let gap = last_success.elapsed().as_millis() as u64;
     record(&|s| s.longest_gap_ms = s.longest_gap_ms.max(gap));
+    lease
 }

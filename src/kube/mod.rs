@@ -53,7 +53,13 @@ pub enum KubeError {
     /// Its CA, certificate or key cannot be used.
     #[error("kubeconfig: {0}")]
     Tls(#[from] crate::tls::TlsError),
-    /// No connection (refused, unreachable, TLS failure).
+    /// Nothing listens there (connection refused): no API server.
+    #[error("{server}: connection refused: no API server listens there")]
+    Refused {
+        /// The server.
+        server: String,
+    },
+    /// No connection (unreachable, reset, TLS failure).
     #[error("{server}: {reason}")]
     Connect {
         /// The server.
@@ -231,22 +237,27 @@ impl KubeClient {
         &self.server
     }
 
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, Failed> {
         let tcp = TcpStream::connect((self.host.as_str(), self.port))
             .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::ConnectionRefused => Failed::Refused,
+                _ => Failed::Other(format!("cannot connect: {e}")),
+            })?;
         let _ = tcp.set_nodelay(true);
         let tls = self
             .tls
             .connect(self.server_name.clone(), tcp)
             .await
-            .map_err(|e| match crate::tls::describe_tls_cause(&e) {
-                Some(why) => format!("TLS handshake failed: {why}"),
-                None => format!("TLS handshake failed: {e}"),
+            .map_err(|e| {
+                Failed::Other(match crate::tls::describe_tls_cause(&e) {
+                    Some(why) => format!("TLS handshake failed: {why}"),
+                    None => format!("TLS handshake failed: {e}"),
+                })
             })?;
         let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
-            .map_err(|e| format!("HTTP handshake failed: {e}"))?;
+            .map_err(|e| Failed::Other(format!("HTTP handshake failed: {e}")))?;
         tokio::spawn(async move {
             let _ = connection.await;
         });
@@ -265,7 +276,13 @@ impl KubeClient {
         let what = format!("{method} {path}");
         match tokio::time::timeout(self.timeout, self.request_once(method, path, body)).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(reason)) => {
+            Ok(Err(Failed::Refused)) => {
+                *self.connection.lock().await = None;
+                Err(KubeError::Refused {
+                    server: self.server.clone(),
+                })
+            }
+            Ok(Err(Failed::Other(reason))) => {
                 *self.connection.lock().await = None;
                 Err(KubeError::Connect {
                     server: self.server.clone(),
@@ -290,7 +307,7 @@ impl KubeClient {
         method: Method,
         path: &str,
         body: Option<&Value>,
-    ) -> Result<(StatusCode, Bytes), String> {
+    ) -> Result<(StatusCode, Bytes), Failed> {
         let mut slot = self.connection.lock().await;
         let mut send = match slot.take() {
             Some(send) if !send.is_closed() => send,
@@ -298,7 +315,7 @@ impl KubeClient {
         };
         send.ready()
             .await
-            .map_err(|e| format!("connection lost: {e}"))?;
+            .map_err(|e| Failed::Other(format!("connection lost: {e}")))?;
         let mut request = Request::builder()
             .method(method)
             .uri(path)
@@ -317,17 +334,17 @@ impl KubeClient {
         };
         let request = request
             .body(Full::new(payload))
-            .map_err(|e| format!("bad request: {e}"))?;
+            .map_err(|e| Failed::Other(format!("bad request: {e}")))?;
         let response = send
             .send_request(request)
             .await
-            .map_err(|e| format!("no answer: {e}"))?;
+            .map_err(|e| Failed::Other(format!("no answer: {e}")))?;
         let status = response.status();
         let body = response
             .into_body()
             .collect()
             .await
-            .map_err(|e| format!("answer cut short: {e}"))?
+            .map_err(|e| Failed::Other(format!("answer cut short: {e}")))?
             .to_bytes();
         *slot = Some(send);
         Ok((status, body))
@@ -453,6 +470,23 @@ impl KubeClient {
     pub async fn put(&self, path: &str, body: &Value) -> Result<Value, KubeError> {
         self.json(Method::PUT, path, Some(body), &[200, 201]).await
     }
+
+    /// A DELETE expecting 200 or 202 (404: already gone, also fine).
+    pub async fn delete(&self, path: &str) -> Result<(), KubeError> {
+        match self.json(Method::DELETE, path, None, &[200, 202]).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.status() == Some(404) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Why a request got no answer.
+enum Failed {
+    /// The connection was refused.
+    Refused,
+    /// Anything else, in words.
+    Other(String),
 }
 
 fn node_of(item: &Value) -> KubeNode {

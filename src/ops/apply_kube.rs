@@ -27,8 +27,8 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an API server that answers may take to be ready before the
 /// change.
 const READY_WAIT: Duration = Duration::from_secs(30);
-/// How long the token is valid (the API server's minimum).
-const TOKEN_LIFETIME: Duration = Duration::from_secs(600);
+/// The shortest token the API server issues.
+const MIN_TOKEN_LIFETIME: Duration = Duration::from_secs(600);
 
 /// `https://ADDRESS:6443`.
 fn api_server_url(node: &str) -> String {
@@ -42,8 +42,11 @@ fn api_server_url(node: &str) -> String {
 pub(crate) enum Before {
     /// The API server is ready and minted this token.
     Token(String),
-    /// No check for this node, and why (a worker, no API server, ...).
+    /// No check for this node, and why (a worker, no API server listening).
     Skipped(String),
+    /// An API server is there but the check cannot be made (not ready, no
+    /// answer in time, TLS failure, no token): the change is not sent.
+    Refused(String),
 }
 
 /// The node's admin kubeconfig, pointed at its own API server.
@@ -58,15 +61,16 @@ async fn admin_config(client: &Client, node: &str) -> Result<KubeConfig, String>
         .with_server(api_server_url(node)))
 }
 
-/// Before the change: `/readyz`, then a token.
-pub(crate) async fn before(client: &Client, node: &str) -> Before {
+/// Before the change: `/readyz`, then a token valid for `lifetime` (at
+/// least the API server's minimum).
+pub(crate) async fn before(client: &Client, node: &str, lifetime: Duration) -> Before {
     let config = match admin_config(client, node).await {
         Ok(config) => config,
         Err(why) => return Before::Skipped(why),
     };
     let kube = match KubeClient::new(&config) {
         Ok(kube) => kube.with_timeout(TIMEOUT),
-        Err(e) => return Before::Skipped(e.to_string()),
+        Err(e) => return Before::Refused(e.to_string()),
     };
     // An API server that answers but is not ready yet (it restarted a
     // moment ago) is given a while; one that does not answer at all (no
@@ -76,7 +80,7 @@ pub(crate) async fn before(client: &Client, node: &str) -> Before {
         match kube.readyz().await {
             Ok(r) if r.is_ready() => break,
             Ok(r) if tokio::time::Instant::now() >= until => {
-                return Before::Skipped(format!(
+                return Before::Refused(format!(
                     "{node}'s API server was not ready within {} s before the change ({}: {})",
                     READY_WAIT.as_secs(),
                     r.status,
@@ -84,16 +88,23 @@ pub(crate) async fn before(client: &Client, node: &str) -> Before {
                 ));
             }
             Ok(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            // Nothing listens: no Kubernetes on this node.
+            Err(KubeError::Refused { .. }) => {
+                return Before::Skipped(format!("no Kubernetes API server listens on {node}:6443"));
+            }
             Err(e) => {
-                return Before::Skipped(format!(
-                    "{node}'s API server does not answer before the change: {e}"
+                return Before::Refused(format!(
+                    "{node}'s API server cannot be checked before the change: {e}"
                 ));
             }
         }
     }
-    match kube.token_request(NAMESPACE, ACCOUNT, TOKEN_LIFETIME).await {
+    match kube
+        .token_request(NAMESPACE, ACCOUNT, lifetime.max(MIN_TOKEN_LIFETIME))
+        .await
+    {
         Ok(token) => Before::Token(token),
-        Err(e) => Before::Skipped(format!(
+        Err(e) => Before::Refused(format!(
             "no token for {NAMESPACE}/{ACCOUNT} from {node}'s API server: {e}"
         )),
     }
@@ -141,10 +152,29 @@ pub(crate) async fn gate(
     }
 }
 
-fn first_line(text: &str) -> &str {
-    text.lines()
-        .rev()
-        .find(|l| l.contains("failed"))
-        .or_else(|| text.lines().next())
-        .unwrap_or("")
+/// The failing checks of a `/readyz` answer (its `[-]` lines), or its
+/// first line.
+fn first_line(text: &str) -> String {
+    let failing: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("[-]"))
+        .map(|l| l.split_whitespace().next().unwrap_or(l))
+        .collect();
+    if failing.is_empty() {
+        text.lines().next().unwrap_or("").to_string()
+    } else {
+        format!("failing: {}", failing.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_line;
+
+    #[test]
+    fn a_readyz_answer_names_its_failing_checks() {
+        let body = "[+]ping ok\n[-]etcd failed: reason withheld\n[+]log ok\n[-]etcd-readiness failed: reason withheld\nreadyz check failed";
+        assert_eq!(first_line(body), "failing: etcd, etcd-readiness");
+        assert_eq!(first_line("ok"), "ok");
+    }
 }

@@ -170,7 +170,9 @@ impl Ops {
         }
         let mut kube_note = String::new();
         if params.options.kube_check {
-            match super::apply_kube::before(&self.client, node).await {
+            // Valid through the whole window, with time to spare.
+            let lifetime = params.options.try_timeout + std::time::Duration::from_secs(300);
+            match super::apply_kube::before(&self.client, node, lifetime).await {
                 super::apply_kube::Before::Token(token) => {
                     self.kube_tokens.insert(node.into(), token);
                     facts.kube_check.insert(node.into(), "token".into());
@@ -183,6 +185,14 @@ impl Ops {
                 super::apply_kube::Before::Skipped(why) => {
                     kube_note = format!("; no Kubernetes check: {why}");
                     facts.kube_check.insert(node.into(), why);
+                }
+                super::apply_kube::Before::Refused(why) => {
+                    return Err(OpsError::step(
+                        &step_name("try", node),
+                        format!(
+                            "{why}; nothing was sent (--kube-check=false applies without the Kubernetes check)"
+                        ),
+                    ));
                 }
             }
         }

@@ -434,6 +434,28 @@ impl Ops {
         step: RetireStep,
         facts: &mut RetireFacts,
     ) -> Result<Outcome, OpsError> {
+        let result = self.retire_step_inner(step, facts).await;
+        // A failed step ends the lease probe too, its findings kept: they
+        // matter most when the handover went wrong.
+        if let Err(e) = &result
+            && let Some(renewer) = self.lease_renewer.take()
+        {
+            let stats = renewer.stop().await;
+            let server = facts
+                .lease_probe
+                .as_ref()
+                .map_or("?", |p| p.server.as_str());
+            tracing::warn!(step = step.name(), error = %e, "{}", describe_renewals(server, &stats));
+            facts.lease_renewals = Some(stats);
+        }
+        result
+    }
+
+    async fn retire_step_inner(
+        &mut self,
+        step: RetireStep,
+        facts: &mut RetireFacts,
+    ) -> Result<Outcome, OpsError> {
         let target = self.client.node(facts.address.as_str());
         match step {
             RetireStep::Snapshot => {
@@ -524,6 +546,8 @@ impl Ops {
                 let silent = self
                     .wait_silent(&facts.address, facts.silence_timeout)
                     .await?;
+                // The probe's findings go in the result even if the API
+                // server check below fails (the failure path stops it).
                 let mut detail = silent.detail;
                 if facts.api_server_accepting == Some(true) {
                     let left = facts.silence_timeout.saturating_sub(started.elapsed());

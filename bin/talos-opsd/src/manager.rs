@@ -330,7 +330,9 @@ impl Manager {
     ) -> Result<(OpRecord, Vec<String>), StartError> {
         let resolved = self.resolve(cluster)?;
         let spec = configured(&resolved, spec);
-        let (id, notes) = self.spawn(resolved, Job::Run(Box::new(spec), confirmed)).await?;
+        let (id, notes) = self
+            .spawn(resolved, Job::Run(Box::new(spec), confirmed))
+            .await?;
         Ok((self.journal()?.get(&id)?, notes))
     }
 

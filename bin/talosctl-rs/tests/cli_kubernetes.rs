@@ -68,7 +68,7 @@ async fn kubernetes_an_unpinned_endpoint_change_fails_the_token_check_and_rolls_
             "--allow-issuer-change",
             "controlplane",
             "--try-timeout",
-            "40s",
+            "60s",
         ])
         .await;
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
@@ -141,11 +141,12 @@ async fn kubernetes_an_unpinned_endpoint_change_fails_the_token_check_and_rolls_
 }
 
 /// A renewal's renew deadline and retry period here: client-go's 10 s and
-/// 2 s, divided by 10/3 (the hand-typed pause below is longer than it).
-const RENEW_DEADLINE: Duration = Duration::from_secs(3);
-const RETRY_PERIOD: Duration = Duration::from_millis(600);
+/// 2 s, halved (the hand-typed pause below is longer than the deadline;
+/// the retire's leave-to-reset gap far shorter, even on a loaded machine).
+const RENEW_DEADLINE: Duration = Duration::from_secs(5);
+const RETRY_PERIOD: Duration = Duration::from_secs(1);
 /// The pause of the hand-typed handover between `etcd leave` and `reset`.
-const HAND_PAUSE: Duration = Duration::from_secs(6);
+const HAND_PAUSE: Duration = Duration::from_secs(8);
 
 /// Three control-plane nodes with Kubernetes, KubePrism health checks off
 /// (every upstream stays in one tier: connections go round-robin, so
@@ -177,12 +178,12 @@ fn prism_url(f: &Fixture) -> String {
     format!("https://{prism}")
 }
 
-/// Proxied connections per upstream of cp-1's KubePrism.
-fn proxied(f: &Fixture) -> Vec<(String, u64)> {
+/// Open proxied connections per upstream of cp-1's KubePrism.
+fn open_connections(f: &Fixture) -> Vec<(String, u64)> {
     let node = f.sim.cluster.node("cp-1").unwrap();
     node.kubeprism_upstreams()
         .into_iter()
-        .map(|u| (u.address, u.proxied))
+        .map(|u| (u.address, u.open))
         .collect()
 }
 
@@ -217,12 +218,12 @@ async fn controllers(f: &Fixture) -> Vec<LeaseRenewer> {
         },
     )
     .await;
-    let spread: Vec<u64> = proxied(f).into_iter().map(|(_, n)| n).collect();
-    assert_eq!(
-        spread,
-        [1, 1, 1],
-        "one controller per API server: {:?}",
-        proxied(f)
+    // Round-robin: one connection per API server, cp-2's among them.
+    let cp2 = format!("{}:6443", f.sim.ip(2));
+    let open = open_connections(f);
+    assert!(
+        open.iter().any(|(address, n)| *address == cp2 && *n >= 1),
+        "a controller's connection sits on cp-2's API server: {open:?}"
     );
     renewers
 }
@@ -360,7 +361,7 @@ async fn cli(f: &Fixture, args: &[&str]) -> std::process::Output {
 }
 
 #[tokio::test]
-async fn kubernetes_health_waits_for_every_control_plane_api_server() {
+async fn kubernetes_health_and_apply_wait_for_or_refuse_a_frozen_api_server() {
     let f = Fixture::with_kubernetes(3).await;
     f.sim.wait_etcd_healthy(3).await;
     let ip1 = f.sim.ip(1);
@@ -392,17 +393,22 @@ async fn kubernetes_health_waits_for_every_control_plane_api_server() {
         .unwrap()
         .kube_apiserver_pid()
         .unwrap();
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    };
-    signal("-STOP");
-    let out = cli(&f, &["-n", &ip1, "health", "--wait-timeout", "15s"]).await;
-    signal("-CONT");
+    /// Thaws the API server however the test ends.
+    struct Frozen(u32);
+    impl Drop for Frozen {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &self.0.to_string()])
+                .status();
+        }
+    }
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success(), "kill -STOP {pid}");
+    let frozen = Frozen(pid);
+    let out = cli(&f, &["-n", &ip1, "health", "--wait-timeout", "30s"]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let expected = format!(
@@ -410,4 +416,37 @@ async fn kubernetes_health_waits_for_every_control_plane_api_server() {
         f.sim.ip(2)
     );
     assert!(stderr.contains(&expected), "{expected:?} not in:\n{stderr}");
+
+    // An apply to cp-2 cannot mint its token there: refused before
+    // anything is sent, the way to go on without the check named.
+    let ip2 = f.sim.ip(2);
+    let node = f.sim.cluster.node("cp-2").unwrap();
+    let before = node.active_config();
+    let file = f.config_with("sans.yaml", &[("certSANs: []", "certSANs: [vip.example]")]);
+    let run = f
+        .ops(&[
+            "--yes",
+            "-n",
+            &ip2,
+            "apply",
+            "-f",
+            file.to_str().unwrap(),
+            "--expect-change",
+            "machine.certSANs",
+        ])
+        .await;
+    drop(frozen);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    for expected in [
+        "API server cannot be checked before the change",
+        "nothing was sent (--kube-check=false applies without the Kubernetes check)",
+    ] {
+        assert!(
+            run.stderr.contains(expected),
+            "{expected:?} not in:\n{}",
+            run.stderr
+        );
+    }
+    assert_eq!(node.active_config(), before);
+    assert!(!node.rollback_pending());
 }

@@ -121,7 +121,13 @@ async fn kubernetes(
         }
     };
     let servers: Vec<String> = if !endpoint.is_empty() {
-        vec![endpoint.trim_end_matches('/').to_string()]
+        // talosctl takes a host here and adds the port; a URL is taken as
+        // it is.
+        vec![if endpoint.contains("://") {
+            endpoint.trim_end_matches('/').to_string()
+        } else {
+            api_server_url(endpoint)
+        }]
     } else {
         let hosts = if control_plane.is_empty() {
             member_hosts(client).await?
@@ -146,10 +152,9 @@ async fn kubernetes(
                     ready.get_or_insert(kube);
                     break;
                 }
-                Err(KubeError::Connect { reason, .. }) if !answered => {
-                    say(format!(
-                        "kube-apiserver {server}: not answering ({reason}): skipped"
-                    ));
+                // Nothing listens there: no Kubernetes on that node.
+                Err(e @ KubeError::Refused { .. }) if !answered => {
+                    say(format!("kube-apiserver {e}: skipped"));
                     break;
                 }
                 outcome => {
@@ -220,10 +225,12 @@ fn url_host(url: &str) -> Option<String> {
     (!host.is_empty()).then(|| host.to_string())
 }
 
-/// `https://HOST:6443`.
+/// `https://HOST:6443` (`HOST:PORT` keeps its port).
 fn api_server_url(host: &str) -> String {
-    if host.contains(':') {
+    if host.parse::<std::net::Ipv6Addr>().is_ok() {
         format!("https://[{host}]:6443")
+    } else if host.contains(':') {
+        format!("https://{host}")
     } else {
         format!("https://{host}:6443")
     }
@@ -246,5 +253,7 @@ mod tests {
         assert_eq!(url_host("https://cp-1").as_deref(), Some("cp-1"));
         assert_eq!(url_host("https://:2380"), None);
         assert_eq!(api_server_url("fd00::2"), "https://[fd00::2]:6443");
+        assert_eq!(api_server_url("10.0.0.2"), "https://10.0.0.2:6443");
+        assert_eq!(api_server_url("k8s.example:443"), "https://k8s.example:443");
     }
 }

@@ -46,9 +46,10 @@ pub struct OpsArgs {
 #[derive(clap::Args)]
 pub struct LeaseProbeArgs {
     /// Renew a Lease through this Kubernetes API endpoint
-    /// (https://HOST:PORT, e.g. a node's KubePrism) while the node is
-    /// handed over, and report the renewals that failed, as a
-    /// leader-elected controller behind it would see them.
+    /// (https://HOST:PORT: a load balancer over the API servers, or on
+    /// talos-sim a node's KubePrism) while the node is handed over, and
+    /// report the renewals that failed, as a leader-elected controller
+    /// behind it would see them.
     #[arg(long, value_name = "URL")]
     lease_probe: Option<String>,
     /// The name the lease probe endpoint's certificate is checked

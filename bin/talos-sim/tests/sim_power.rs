@@ -131,9 +131,10 @@ async fn reset_labels_reach_imagecache_and_user_volumes_but_not_unlocated_ones()
     }
     // Enabled (a change of `machine.features` takes a reboot).
     let enabled = node.active_config().replace(
-        "  certSANs: []\n",
-        "  certSANs: []\n  features:\n    imageCache:\n      localEnabled: true\n",
+        "  features:\n",
+        "  features:\n    imageCache:\n      localEnabled: true\n",
     );
+    assert!(enabled.contains("imageCache"), "{enabled}");
     client
         .apply_configuration(ApplyRequest::new(enabled, ApplyMode::Reboot))
         .await

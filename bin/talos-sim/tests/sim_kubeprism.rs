@@ -12,7 +12,6 @@
 use talos_test_support as common;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -331,36 +330,6 @@ async fn kubeprism_health_checks_and_configuration_changes() {
     .await;
 }
 
-/// The kube-apiserver binary: `TALOS_SIM_KUBE_APISERVER`, or where
-/// `scripts/kube-apiserver.sh` caches it.
-fn kube_apiserver() -> PathBuf {
-    if let Some(path) = std::env::var_os("TALOS_SIM_KUBE_APISERVER") {
-        return PathBuf::from(path);
-    }
-    let out = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("version=v1.34.4; echo \"${XDG_CACHE_HOME:-$HOME/.cache}/talos-client/kube-apiserver-$version/kube-apiserver\"")
-        .output()
-        .unwrap();
-    let path = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-    assert!(
-        path.exists(),
-        "kube-apiserver is not built: run scripts/kube-apiserver.sh (about 4 minutes), \
-         or set TALOS_SIM_KUBE_APISERVER to a kube-apiserver v1.34 binary ({} is missing)",
-        path.display()
-    );
-    path
-}
-
-async fn start(nodes: usize) -> SimCluster {
-    let binary = kube_apiserver();
-    SimCluster::start_with(nodes, |cfg| {
-        cfg.timing = TalosTiming::scaled_down(common::sim::timing_divisor());
-        cfg.kube_apiserver = Some(binary);
-    })
-    .await
-}
-
 /// The admin credentials of the kubeconfig a node serves, as files.
 struct Admin {
     dir: tempfile::TempDir,
@@ -431,7 +400,7 @@ impl Admin {
 /// goes to cp-3.
 #[tokio::test]
 async fn kubernetes_readyz_through_kubeprism_skips_a_powered_off_control_plane_node() {
-    let sim = start(3).await;
+    let sim = SimCluster::start_with_kubernetes(3).await;
     let admin = Admin::of(&sim).await;
     let prism = enable(&sim, 1, "{enabled: true}").await;
     assert_eq!(prism, addr(&sim.ip(1), 7445));

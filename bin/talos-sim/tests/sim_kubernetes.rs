@@ -6,7 +6,6 @@
 
 use talos_test_support as common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -15,33 +14,12 @@ use talos_client::client::{ApplyMode, ApplyRequest};
 use talos_sim::TalosVersion;
 use talos_sim::node::Node;
 
-/// The kube-apiserver binary: `TALOS_SIM_KUBE_APISERVER`, or where
-/// `scripts/kube-apiserver.sh` caches it.
-fn kube_apiserver() -> PathBuf {
-    if let Some(path) = std::env::var_os("TALOS_SIM_KUBE_APISERVER") {
-        return PathBuf::from(path);
-    }
-    let out = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("version=v1.34.4; echo \"${XDG_CACHE_HOME:-$HOME/.cache}/talos-client/kube-apiserver-$version/kube-apiserver\"")
-        .output()
-        .unwrap();
-    let path = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-    assert!(
-        path.exists(),
-        "kube-apiserver is not built: run scripts/kube-apiserver.sh (about 4 minutes), \
-         or set TALOS_SIM_KUBE_APISERVER to a kube-apiserver v1.34 binary ({} is missing)",
-        path.display()
-    );
-    path
-}
-
 async fn start(nodes: usize) -> SimCluster {
     start_on(nodes, TalosVersion::V1_13_9).await
 }
 
 async fn start_on(nodes: usize, version: TalosVersion) -> SimCluster {
-    let binary = kube_apiserver();
+    let binary = common::sim::kube_apiserver_binary();
     SimCluster::start_with(nodes, |cfg| {
         cfg.timing = talos_sim::TalosTiming::scaled_down(common::sim::timing_divisor());
         cfg.talos_version = version;

@@ -11,7 +11,6 @@
 //!   000's surprise), and the retired node's API server stops accepting
 //!   connections.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 mod ops_fixture;
@@ -28,18 +27,6 @@ impl Fixture {
         };
         f.sim.wait_kubernetes_ready(nodes).await;
         f
-    }
-
-    fn config_with(&self, name: &str, edits: &[(&str, &str)]) -> PathBuf {
-        let mut config =
-            std::fs::read_to_string(self.sim.dir.path().join("controlplane.yaml")).unwrap();
-        for (from, to) in edits {
-            assert!(config.contains(from), "{from:?} not in the config");
-            config = config.replace(from, to);
-        }
-        let path = self.state.path().join(name);
-        std::fs::write(&path, config).unwrap();
-        path
     }
 }
 

@@ -8,8 +8,6 @@
 //! therefore also proves that the operation sends no such request while
 //! its TRY is pending.
 
-use std::path::PathBuf;
-
 mod ops_fixture;
 
 use ops_fixture::{Fixture, newest};
@@ -17,20 +15,6 @@ use ops_fixture::{Fixture, newest};
 const SANS: (&str, &str) = ("certSANs: []", "certSANs: [vip.example]");
 
 impl Fixture {
-    /// The simulator's machine configuration with `(from, to)` replaced,
-    /// written to a file in the state directory.
-    fn config_with(&self, name: &str, edits: &[(&str, &str)]) -> PathBuf {
-        let mut config =
-            std::fs::read_to_string(self.sim.dir.path().join("controlplane.yaml")).unwrap();
-        for (from, to) in edits {
-            assert!(config.contains(from), "{from:?} not in the config");
-            config = config.replace(from, to);
-        }
-        let path = self.state.path().join(name);
-        std::fs::write(&path, config).unwrap();
-        path
-    }
-
     async fn apply(&self, file: &std::path::Path, extra: &[&str]) -> talos_test_support::cli::Run {
         let ip = self.sim.ip(1);
         let file = file.to_str().unwrap();

@@ -32,6 +32,20 @@ impl Fixture {
         }
     }
 
+    /// The simulator's machine configuration with each `(from, to)`
+    /// replaced, written to `name` in the state directory.
+    pub fn config_with(&self, name: &str, edits: &[(&str, &str)]) -> PathBuf {
+        let mut config =
+            std::fs::read_to_string(self.sim.dir.path().join("controlplane.yaml")).unwrap();
+        for (from, to) in edits {
+            assert!(config.contains(from), "{from:?} not in the config");
+            config = config.replace(from, to);
+        }
+        let path = self.state.path().join(name);
+        std::fs::write(&path, config).unwrap();
+        path
+    }
+
     pub fn talosconfig(&self) -> PathBuf {
         self.sim.dir.path().join("talosconfig")
     }

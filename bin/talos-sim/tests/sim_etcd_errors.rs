@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use common::sim::{SimCluster, wait_for};
 use talos_client::Error;
 use talos_sim::TalosTiming;
+use talos_sim::etcd_client::EtcdClient;
 use tonic::Code;
 
 /// Upstream's schedule, made short enough for a test.
@@ -119,6 +120,25 @@ async fn leave_and_forfeit_without_etcd_wait_then_fail_with_deadline_exceeded() 
 async fn local_etcd_calls_wait_for_etcd_until_the_callers_deadline() {
     let sim = SimCluster::start(3).await;
     let leaver = sim.admin().node(sim.ip(3));
+    // The leaver leads, the case where the others must elect a leader
+    // before they can answer: leadership is moved to it through etcd
+    // (Talos's forfeit always hands it to the first other member).
+    let own_id = leaver.etcd_status().await.expect("status").member_id;
+    wait_for("cp-3 to lead", Duration::from_secs(30), || async {
+        let leader = leaver.etcd_status().await.ok()?.leader;
+        if leader == own_id {
+            return Some(());
+        }
+        for name in ["cp-1", "cp-2"] {
+            let url = sim.cluster.node(name).unwrap().etcd_client_url();
+            let etcd = EtcdClient::connect(std::slice::from_ref(&url)).await.ok()?;
+            if etcd.status(&url).await.ok()?.header?.member_id == leader.0 {
+                let _ = etcd.move_leader(&url, own_id.0).await;
+            }
+        }
+        None
+    })
+    .await;
     leaver.etcd_leave_cluster().await.expect("leave");
     let deadline = Duration::from_secs(1);
     let quick = sim.admin().with_call_timeout(deadline).node(sim.ip(3));
@@ -132,7 +152,19 @@ async fn local_etcd_calls_wait_for_etcd_until_the_callers_deadline() {
         Err(Error::DeadlineExceeded(_)) => {}
         other => panic!("expected DeadlineExceeded, got {other:?}"),
     }
-    // The cluster-wide member list does not need the local etcd.
+    // The cluster-wide member list does not need the local etcd, but it
+    // needs a leader: when the node that left was the leader, the two
+    // remaining members elect a new one first, and until then each answers
+    // Unavailable ("etcdserver: no leader"). A status would still name the
+    // removed leader until the election, so a member list through node 1
+    // is what shows the quorum answering again.
+    let remaining = sim.admin().node(sim.ip(1));
+    wait_for(
+        "the remaining members to have a leader",
+        Duration::from_secs(30),
+        || async { remaining.etcd_member_list(false).await.ok().map(|_| ()) },
+    )
+    .await;
     let members = quick.etcd_member_list(false).await.expect("member list");
     assert_eq!(members.len(), 2);
 }

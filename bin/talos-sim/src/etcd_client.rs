@@ -47,6 +47,17 @@ fn channel(url: &str) -> Result<Channel, tonic::Status> {
         .connect_lazy())
 }
 
+/// `d` moved at random by up to `fraction` of it either way, as etcd's
+/// client jitters its retry wait (client/v3 utils.go jitterUp).
+fn jitter_up(d: Duration, fraction: f64) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.subsec_nanos())
+        .unwrap_or(0);
+    let unit = f64::from(nanos % 1_000_000) / 1_000_000.0;
+    d.mul_f64(1.0 + fraction * (unit * 2.0 - 1.0))
+}
+
 fn with_timeout<T>(message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(CALL_TIMEOUT);
@@ -100,9 +111,60 @@ impl EtcdClient {
         Err(last)
     }
 
-    /// Lists the members through the first reachable member, as a
-    /// linearizable read: upstream's etcd client (client/v3 cluster.go,
-    /// v3.6) asks for one unless told to serialize, and Talos never does
+    /// Runs a call etcd's Go client marks repeatable (client/v3 retry.go:
+    /// MemberList, Alarm, Range...) as that client's retry interceptor does
+    /// (retry_interceptor.go, options.go): up to 100 attempts, round robin
+    /// over the members, an `Unavailable` answer (such as "etcdserver: no
+    /// leader" during an election) retried, with a 25 ms wait (jittered by
+    /// 10%) after each round over a quorum of them. A member that cannot be
+    /// reached is left out of the rounds that follow, as the balancer's
+    /// picker skips a connection that is not ready. The last answer a member
+    /// gave is returned when all attempts fail; the caller's deadline (which
+    /// drops this future) ends the retries earlier.
+    async fn repeatable<T, F, Fut>(&self, call: &F) -> Result<T, tonic::Status>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        const MAX_ATTEMPTS: usize = 100;
+        const WAIT_BETWEEN: Duration = Duration::from_millis(25);
+        let quorum = self.members.len() / 2 + 1;
+        let mut reachable: Vec<bool> = vec![true; self.members.len()];
+        let mut answered: Option<tonic::Status> = None;
+        let mut unreachable = tonic::Status::unavailable("no etcd endpoints");
+        let mut next = 0;
+        for attempt in 0..MAX_ATTEMPTS {
+            if attempt > 0 && attempt % quorum == 0 {
+                tokio::time::sleep(jitter_up(WAIT_BETWEEN, 0.10)).await;
+            }
+            let Some(index) = (0..self.members.len())
+                .map(|i| (next + i) % self.members.len())
+                .find(|&i| reachable[i])
+            else {
+                break;
+            };
+            next = index + 1;
+            match call(self.members[index].1.clone()).await {
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    // A status the member sent has no source; one made by
+                    // the transport (refused, reset) carries its error.
+                    if std::error::Error::source(&status).is_some() {
+                        reachable[index] = false;
+                        unreachable = status;
+                    } else {
+                        answered = Some(status);
+                    }
+                }
+                other => return other,
+            }
+        }
+        Err(answered.unwrap_or(unreachable))
+    }
+
+    /// Lists the members through a reachable member (retried as
+    /// [`Self::repeatable`] says), as a linearizable read: upstream's etcd
+    /// client (client/v3 cluster.go, v3.6) asks for one unless told to
+    /// serialize, and Talos never does
     /// (v1alpha1_server.go EtcdMemberList, internal/pkg/etcd). A member
     /// that cannot confirm the cluster's current membership with a quorum
     /// fails instead of answering what it last saw. An etcd before 3.5
@@ -110,7 +172,7 @@ impl EtcdClient {
     /// linearizable read, the same read-index round a 3.6 member makes
     /// before it lists (etcdserver MemberList), with the same errors.
     pub async fn member_list(&self) -> Result<Vec<Member>, tonic::Status> {
-        self.first_answer(&|ch| async move {
+        self.repeatable(&|ch| async move {
             KvClient::new(ch.clone())
                 .range(require_leader(RangeRequest {
                     key: b"\0".to_vec(),
@@ -210,7 +272,7 @@ impl EtcdClient {
 
     /// Lists active alarms (cluster-wide).
     pub async fn alarm_list(&self) -> Result<Vec<AlarmMember>, tonic::Status> {
-        self.first_answer(&|ch| async move {
+        self.repeatable(&|ch| async move {
             let resp = MaintenanceClient::new(ch)
                 .alarm(with_timeout(AlarmRequest {
                     action: pb::alarm_request::AlarmAction::Get as i32,

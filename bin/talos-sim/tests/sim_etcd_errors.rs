@@ -171,7 +171,8 @@ async fn local_etcd_calls_wait_for_etcd_until_the_callers_deadline() {
 
 /// v1alpha1_server.go EtcdMemberList returns the etcd client's error as is:
 /// "etcdserver: no leader" is an rpctypes.EtcdError there, which carries no
-/// status, so the client sees Unknown, not etcd's Unavailable.
+/// status, so the client sees Unknown, not etcd's Unavailable. It comes
+/// after the client's retries (client/v3 retry_interceptor.go).
 #[tokio::test]
 async fn member_list_without_a_leader_is_unknown_as_upstream() {
     let sim = SimCluster::start(3).await;
@@ -185,6 +186,17 @@ async fn member_list_without_a_leader_is_unknown_as_upstream() {
         || async { (node.etcd_status().await.ok()?.leader.0 == 0).then_some(()) },
     )
     .await;
+    // etcd's client retries "no leader" (Unavailable) up to 100 times,
+    // 25 ms apart per round: a caller whose deadline ends first sees its
+    // deadline, not etcd's answer.
+    let quick = admin
+        .with_call_timeout(Duration::from_millis(300))
+        .node(sim.ip(1));
+    match quick.etcd_member_list(false).await {
+        Err(Error::DeadlineExceeded(_)) => {}
+        other => panic!("expected DeadlineExceeded while retrying, got {other:?}"),
+    }
+    let started = Instant::now();
     match node.etcd_member_list(false).await {
         Err(Error::Status { code, failure }) => {
             assert_eq!(
@@ -194,6 +206,11 @@ async fn member_list_without_a_leader_is_unknown_as_upstream() {
         }
         other => panic!("expected Unknown, got {other:?}"),
     }
+    assert!(
+        started.elapsed() >= Duration::from_millis(99 * 25 * 9 / 10 / 2),
+        "answered after {:?}, without the client's retries",
+        started.elapsed()
+    );
 }
 
 /// v1alpha1_server.go EtcdMemberList lists through etcd's client, whose

@@ -207,6 +207,23 @@ pub struct ApplyFacts {
     /// memory), or why the node has no token check.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kube_check: BTreeMap<String, String>,
+    /// What each node's change stops accepting (service-account issuers,
+    /// audiences, keys) that `allow_issuer_change` let through: only the
+    /// token minted before the change can show it harmless, so a gate that
+    /// lost that token (a crash, a daemon restart) does not confirm it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sa_loss_allowed: BTreeMap<String, Vec<String>>,
+}
+
+/// What one node's preflight found.
+struct NodePreflight {
+    /// The changed paths.
+    paths: Vec<String>,
+    /// Whether the change needs a reboot.
+    reboot: bool,
+    /// What service-account validation the change drops, allowed by
+    /// `allow_issuer_change`.
+    allowed_loss: Vec<String>,
 }
 
 /// What a TRY dry run said about a node.
@@ -304,12 +321,19 @@ impl Ops {
         let mut steps = Vec::new();
         let mut notes = Vec::new();
         for node in &options.nodes {
-            let Some((paths, needs_reboot)) = self
+            let Some(NodePreflight {
+                paths,
+                reboot: needs_reboot,
+                allowed_loss,
+            }) = self
                 .preflight_node(node, &file, &config, &new, options, &mut notes)
                 .await?
             else {
                 continue;
             };
+            if !allowed_loss.is_empty() {
+                facts.sa_loss_allowed.insert(node.clone(), allowed_loss);
+            }
             notes.push(format!(
                 "{node}: changed paths: {}",
                 if paths.is_empty() {
@@ -348,9 +372,8 @@ impl Ops {
         ))
     }
 
-    /// One node's preflight: its changed paths and whether the change
-    /// needs a reboot, or `None` when it already runs the file; notes the
-    /// dry run.
+    /// One node's preflight, or `None` when it already runs the file;
+    /// notes the dry run.
     async fn preflight_node(
         &self,
         node: &str,
@@ -359,7 +382,7 @@ impl Ops {
         new: &Documents,
         options: &ApplyOptions,
         notes: &mut Vec<String>,
-    ) -> Result<Option<(Vec<String>, bool)>, OpsError> {
+    ) -> Result<Option<NodePreflight>, OpsError> {
         let current = read_config(&self.client, node, ConfigId::Active).await?;
         let current = Documents::parse(&current).map_err(|e| Refusal::BadConfig {
             file: format!("{node}'s running configuration"),
@@ -397,7 +420,8 @@ impl Ops {
         let paths = current.changed_paths(new);
         let secrets = super::secret_paths::changed_secrets(&current, new);
         super::secret_paths::guard_paths(node, file, &paths, &secrets, &options.expect_change)?;
-        notes.push(sa.judge(file, &current, new)?);
+        let judged = sa.judge(file, &current, new)?;
+        notes.push(judged.note);
         let reboot = match try_dry_run(&self.client, node, config).await {
             Ok(DryRun::InPlace(summary)) => {
                 if paths.is_empty() && no_changes(&summary) {
@@ -435,7 +459,11 @@ impl Ops {
             }
             Err(e) => return Err(e.into()),
         };
-        Ok(Some((paths, reboot)))
+        Ok(Some(NodePreflight {
+            paths,
+            reboot,
+            allowed_loss: judged.allowed_loss,
+        }))
     }
 }
 

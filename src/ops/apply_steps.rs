@@ -249,11 +249,24 @@ impl Ops {
             },
             _ => KubeGate::Off,
         };
+        // A change that drops an issuer, audience or key, let through by
+        // allow_issuer_change, is shown harmless by the lost token alone:
+        // without it the change is not confirmed and rolls back.
+        let unverifiable = match (&kube, facts.sa_loss_allowed.get(node)) {
+            (KubeGate::Ready, Some(loss)) => Some(format!(
+                "{node}'s change stops accepting {} (allowed), and the service-account token minted before it was lost with the run that stopped: nothing can show that tokens issued so far still authenticate, so the change is not confirmed; apply it again to check it with a new token, or with --kube-check=false to confirm it unchecked",
+                loss.join("; ")
+            )),
+            _ => None,
+        };
         let mut attempts = 0;
         // The first pass of the current run of passes, and how many.
         let mut streak: Option<(Instant, u32)> = None;
         let mut failure = String::new();
         let reason = loop {
+            if let Some(why) = &unverifiable {
+                break why.clone();
+            }
             attempts += 1;
             let started = Instant::now();
             let budget = gate_until.saturating_duration_since(started);

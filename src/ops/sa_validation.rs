@@ -331,6 +331,15 @@ pub(crate) fn pem_fingerprint(pem: &[u8]) -> String {
     format!("sha256:{hex}")
 }
 
+/// The verdict on a change the guard lets through.
+pub(crate) struct Judged {
+    /// The plan's note.
+    pub note: String,
+    /// What the change stops accepting (issuers, audiences, keys), when
+    /// `allow_issuer_change` let it through; empty otherwise.
+    pub allowed_loss: Vec<String>,
+}
+
 /// What a node's version makes of the old and new configuration.
 pub(crate) struct IssuerCheck<'a> {
     /// The node.
@@ -361,13 +370,17 @@ impl IssuerCheck<'_> {
     /// Refuses a configuration the version does not register, then a
     /// change that stops accepting an issuer, audience or key the API
     /// server accepts now, unless allowed for the node's role. Workers run
-    /// no API server and are not judged. Ok carries a note for the plan.
+    /// no API server and are not judged.
     pub(crate) fn judge(
         &self,
         file: &str,
         old: &Documents,
         new: &Documents,
-    ) -> Result<String, Refusal> {
+    ) -> Result<Judged, Refusal> {
+        let note = |note: String| Judged {
+            note,
+            allowed_loss: Vec::new(),
+        };
         let derivation = Derivation::of(self.version);
         if let Some(message) = unregistered(new, derivation) {
             return Err(Refusal::UnknownDocument {
@@ -378,10 +391,10 @@ impl IssuerCheck<'_> {
             });
         }
         if !self.role.runs_api_server() {
-            return Ok(format!(
+            return Ok(note(format!(
                 "{} (Talos {}, {}): runs no API server: the service-account issuer is not judged",
                 self.node, self.version, self.role
-            ));
+            )));
         }
         let bad = |file: &str, message: String| Refusal::UnknownDocument {
             node: self.node.into(),
@@ -395,20 +408,23 @@ impl IssuerCheck<'_> {
         let lost = lost(&before, &after);
         let summary = describe(&after);
         if lost.is_empty() {
-            return Ok(format!(
+            return Ok(note(format!(
                 "{} (Talos {}, {}): service-account validation keeps every issuer, audience and key: {summary}",
                 self.node, self.version, self.role
-            ));
+            )));
         }
         if self.allowed.contains(&self.role) {
-            return Ok(format!(
-                "{} (Talos {}, {}): service-account change ALLOWED for role {}: {}",
-                self.node,
-                self.version,
-                self.role,
-                self.role,
-                lost.join("; ")
-            ));
+            return Ok(Judged {
+                note: format!(
+                    "{} (Talos {}, {}): service-account change ALLOWED for role {}: {}",
+                    self.node,
+                    self.version,
+                    self.role,
+                    self.role,
+                    lost.join("; ")
+                ),
+                allowed_loss: lost,
+            });
         }
         Err(Refusal::IssuerChange {
             node: self.node.into(),

@@ -68,6 +68,16 @@ fn judge(version: &str, old: &str, new: &str, allowed: &[MachineRole]) -> Result
         allowed,
     }
     .judge("controlplane.yaml", &old, &docs(new))
+    .map(|judged| {
+        // Only an allowed change carries what it drops.
+        assert_eq!(
+            judged.allowed_loss.is_empty(),
+            !judged.note.contains("ALLOWED"),
+            "{}",
+            judged.note
+        );
+        judged.note
+    })
 }
 
 const V13: &str = "v1.13.9";

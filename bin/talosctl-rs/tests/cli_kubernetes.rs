@@ -42,22 +42,18 @@ async fn kubernetes_an_unpinned_endpoint_change_fails_the_token_check_and_rolls_
     // The issuer guard is overridden: only the token check stands between
     // this change and every token of the cluster.
     let unpinned = f.config_with("unpinned.yaml", &[endpoint]);
-    let run = f
-        .ops(&[
-            "--yes",
-            "-n",
-            &ip,
-            "apply",
-            "-f",
-            unpinned.to_str().unwrap(),
-            "--expect-change",
-            "cluster.controlPlane.endpoint",
+    let run = apply_endpoint(
+        &f,
+        &unpinned,
+        &[
             "--allow-issuer-change",
             "controlplane",
             "--try-timeout",
             "60s",
-        ])
-        .await;
+        ],
+        None,
+    )
+    .await;
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
     for expected in [
         "rejects the service-account token minted before the change (401 Unauthorized)",
@@ -87,23 +83,19 @@ async fn kubernetes_an_unpinned_endpoint_change_fails_the_token_check_and_rolls_
         "cluster:\n  apiServer:\n    extraArgs:\n      service-account-issuer: {old_endpoint}\n      api-audiences: {old_endpoint}\n"
     );
     let pinned = f.config_with("pinned.yaml", &[endpoint, ("cluster:\n", pin.as_str())]);
-    let run = f
-        .ops(&[
-            "--yes",
-            "-n",
-            &ip,
-            "apply",
-            "-f",
-            pinned.to_str().unwrap(),
-            "--expect-change",
-            "cluster.controlPlane.endpoint",
+    let run = apply_endpoint(
+        &f,
+        &pinned,
+        &[
             "--expect-change",
             "cluster.apiServer",
             "--try-timeout",
             "30s",
-        ])
-        .await
-        .ok();
+        ],
+        None,
+    )
+    .await
+    .ok();
     let record = run.json();
     assert_eq!(record["state"], "succeeded", "{record}");
     let details: Vec<String> = record["steps"]
@@ -123,6 +115,123 @@ async fn kubernetes_an_unpinned_endpoint_change_fails_the_token_check_and_rolls_
             .iter()
             .any(|d| d.contains("still accepts the token minted before the change")),
         "{details:?}"
+    );
+    assert!(node.active_config().contains("k8s.example"));
+}
+
+/// `ops apply` of `file` to cp-1 expecting an endpoint change, with
+/// `extra` arguments, dying at `crash` when given.
+async fn apply_endpoint(
+    f: &Fixture,
+    file: &std::path::Path,
+    extra: &[&str],
+    crash: Option<&str>,
+) -> talos_test_support::cli::Run {
+    let ip = f.sim.ip(1);
+    let mut args = vec![
+        "--yes",
+        "-n",
+        &ip,
+        "apply",
+        "-f",
+        file.to_str().unwrap(),
+        "--expect-change",
+        "cluster.controlPlane.endpoint",
+    ];
+    args.extend_from_slice(extra);
+    f.ops_with(&f.talosconfig(), &args, crash).await
+}
+
+/// The token lives in memory only (never in the journal): a run that dies
+/// in the gate takes it along. Resumed, an apply whose issuer change was
+/// allowed cannot show that tokens survive, so it is not confirmed and
+/// rolls back; a pinned change keeps every issuer, and its resumed gate
+/// checks readiness alone and says so.
+#[tokio::test]
+async fn kubernetes_a_crash_in_the_gate_loses_the_token_and_an_allowed_issuer_change_rolls_back() {
+    let f = Fixture::with_kubernetes(1).await;
+    let ip = f.sim.ip(1);
+    let node = f.sim.cluster.node("cp-1").unwrap();
+    let before = node.active_config();
+    let old_endpoint = format!("https://{ip}:6443");
+    let endpoint = (old_endpoint.as_str(), "https://k8s.example:6443");
+    let crash_point = format!("started:gate {ip}");
+    let resume = |crashed: talos_test_support::cli::Run| {
+        let f = &f;
+        async move {
+            assert_ne!(
+                crashed.code, 0,
+                "the CLI was to die in the gate:\n{}",
+                crashed.stderr
+            );
+            let id = ops_fixture::newest(f).await["id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            f.ops(&["resume", &id]).await
+        }
+    };
+
+    let unpinned = f.config_with("unpinned.yaml", &[endpoint]);
+    let crashed = apply_endpoint(
+        &f,
+        &unpinned,
+        &[
+            "--allow-issuer-change",
+            "controlplane",
+            "--try-timeout",
+            "30s",
+        ],
+        Some(&crash_point),
+    )
+    .await;
+    let resumed = resume(crashed).await;
+    assert_eq!(resumed.code, 1, "{}\n{}", resumed.stdout, resumed.stderr);
+    for expected in [
+        "was lost with the run that stopped",
+        "the change is not confirmed",
+        "rolled back to its previous configuration (verified)",
+    ] {
+        assert!(
+            resumed.stderr.contains(expected),
+            "{expected:?} not in:\n{}",
+            resumed.stderr
+        );
+    }
+    assert_eq!(
+        node.active_config(),
+        before,
+        "the node runs its old configuration"
+    );
+
+    f.sim.wait_kubernetes_ready(1).await;
+    let pin = format!(
+        "cluster:\n  apiServer:\n    extraArgs:\n      service-account-issuer: {old_endpoint}\n      api-audiences: {old_endpoint}\n"
+    );
+    let pinned = f.config_with("pinned.yaml", &[endpoint, ("cluster:\n", pin.as_str())]);
+    let crashed = apply_endpoint(
+        &f,
+        &pinned,
+        &[
+            "--expect-change",
+            "cluster.apiServer",
+            "--try-timeout",
+            "30s",
+        ],
+        Some(&crash_point),
+    )
+    .await;
+    let record = resume(crashed).await.ok().json();
+    assert_eq!(record["state"], "succeeded", "{record}");
+    assert!(
+        record["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["detail"].as_str().is_some_and(
+                |d| d.contains("no token check: the token was minted by an earlier run")
+            )),
+        "{record}"
     );
     assert!(node.active_config().contains("k8s.example"));
 }

@@ -120,7 +120,7 @@ first="$(ip by-hand 1)"
 echo "== ops apply: an endpoint change with the issuer not pinned, the issuer guard overridden"
 sed "s#endpoint: https://$first:6443#endpoint: https://k8s.example:6443#" "$work/by-hand/controlplane.yaml" >"$work/endpoint.yaml"
 if "$ctl" --talosconfig "$tc2" ops --state-dir "$work/state-by-hand" --yes -n "$first" apply -f "$work/endpoint.yaml" \
-  --expect-change cluster.controlPlane.endpoint --allow-issuer-change controlplane --try-timeout 40s; then
+  --expect-change cluster.controlPlane.endpoint --allow-issuer-change controlplane --try-timeout 60s; then
   echo "the token check did not catch it" >&2
   exit 1
 fi

@@ -404,6 +404,39 @@ impl KubeClient {
         })
     }
 
+    /// When the API server's process started, in seconds since the epoch
+    /// (`process_start_time_seconds` of its `/metrics`, which the admin
+    /// may read): a restart shows as a later start.
+    pub async fn process_start_time(&self) -> Result<f64, KubeError> {
+        const METRIC: &str = "process_start_time_seconds";
+        let what = "GET /metrics";
+        let (status, body) = self.request(Method::GET, "/metrics", None).await?;
+        match status.as_u16() {
+            200 => {}
+            401 => {
+                return Err(KubeError::Unauthorized {
+                    server: self.server.clone(),
+                    what: what.into(),
+                });
+            }
+            other => {
+                return Err(KubeError::Status {
+                    server: self.server.clone(),
+                    what: what.into(),
+                    status: other,
+                    message: String::from_utf8_lossy(&body).chars().take(300).collect(),
+                });
+            }
+        }
+        String::from_utf8_lossy(&body)
+            .lines()
+            .find_map(|line| {
+                let value = line.strip_prefix(METRIC)?.strip_prefix(' ')?;
+                value.trim().parse::<f64>().ok()
+            })
+            .ok_or_else(|| self.protocol(what, &format!("no {METRIC}")))
+    }
+
     /// A token for the service account `namespace/name` (TokenRequest),
     /// valid `expiration` (the API server's minimum is 10 minutes), for the
     /// API server's own audiences.

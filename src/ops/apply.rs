@@ -9,7 +9,7 @@
 //! TRY dry run is what can tell the running configuration apart from the
 //! persisted one without touching either.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -213,6 +213,16 @@ pub struct ApplyFacts {
     /// lost that token (a crash, a daemon restart) does not confirm it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sa_loss_allowed: BTreeMap<String, Vec<String>>,
+    /// The control-plane nodes whose API server's service-account
+    /// validation the change alters: their static pod restarts with new
+    /// flags, and a gate pass counts only once it has.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub sa_changes: BTreeSet<String>,
+    /// When each of those API servers' process started before the TRY
+    /// (ms since the epoch, from its metrics): the gate waits for a later
+    /// start.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kube_started_ms: BTreeMap<String, u64>,
 }
 
 /// What one node's preflight found.
@@ -224,6 +234,8 @@ struct NodePreflight {
     /// What service-account validation the change drops, allowed by
     /// `allow_issuer_change`.
     allowed_loss: Vec<String>,
+    /// Whether the API server's service-account validation changes.
+    sa_changes: bool,
 }
 
 /// What a TRY dry run said about a node.
@@ -325,6 +337,7 @@ impl Ops {
                 paths,
                 reboot: needs_reboot,
                 allowed_loss,
+                sa_changes,
             }) = self
                 .preflight_node(node, &file, &config, &new, options, &mut notes)
                 .await?
@@ -333,6 +346,9 @@ impl Ops {
             };
             if !allowed_loss.is_empty() {
                 facts.sa_loss_allowed.insert(node.clone(), allowed_loss);
+            }
+            if sa_changes {
+                facts.sa_changes.insert(node.clone());
             }
             notes.push(format!(
                 "{node}: changed paths: {}",
@@ -463,6 +479,7 @@ impl Ops {
             paths,
             reboot,
             allowed_loss: judged.allowed_loss,
+            sa_changes: judged.changes,
         }))
     }
 }

@@ -110,17 +110,49 @@ pub(crate) async fn before(client: &Client, node: &str, lifetime: Duration) -> B
     }
 }
 
+/// When the node's API server process started (ms since the epoch), read
+/// before the change when the change alters its service-account flags.
+pub(crate) async fn started_ms(client: &Client, node: &str) -> Result<u64, String> {
+    let config = admin_config(client, node).await?;
+    let kube = KubeClient::new(&config)
+        .map_err(|e| e.to_string())?
+        .with_timeout(TIMEOUT);
+    start_ms(&kube, node).await
+}
+
+async fn start_ms(kube: &KubeClient, node: &str) -> Result<u64, String> {
+    let seconds = kube
+        .process_start_time()
+        .await
+        .map_err(|e| format!("{node}'s API server's start time cannot be read: {e}"))?;
+    Ok((seconds * 1000.0).round() as u64)
+}
+
 /// In the gate: the API server is ready and accepts `token` (when there
-/// is one). A summary, or what failed.
+/// is one); when `restarted_after` is given (the change alters the
+/// service-account flags), its process started later than that, so the
+/// checks reach the API server that runs the new flags and not the old one,
+/// which answers until kubelet restarts the static pod. A summary, or what
+/// failed.
 pub(crate) async fn gate(
     client: &Client,
     node: &str,
     token: Option<&str>,
+    restarted_after: Option<u64>,
 ) -> Result<String, String> {
     let config = admin_config(client, node).await?;
     let kube = KubeClient::new(&config)
         .map_err(|e| e.to_string())?
         .with_timeout(TIMEOUT);
+    if let Some(before) = restarted_after {
+        let now = start_ms(&kube, node).await?;
+        if now <= before {
+            return Err(format!(
+                "{node}'s API server still runs from before the change (started {}): the new service-account flags are not in effect until kubelet restarts it",
+                started_text(now)
+            ));
+        }
+    }
     let ready = kube
         .readyz()
         .await
@@ -150,6 +182,13 @@ pub(crate) async fn gate(
         )),
         Err(e) => Err(format!("the token check failed: {e}")),
     }
+}
+
+/// `ms` since the epoch as RFC 3339.
+fn started_text(ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .map(crate::tls::rfc3339)
+        .unwrap_or_else(|_| format!("{ms} ms after the epoch"))
 }
 
 /// The failing checks of a `/readyz` answer (its `[-]` lines), or its

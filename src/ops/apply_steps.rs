@@ -40,6 +40,9 @@ enum KubeGate {
 struct GateExtras<'a> {
     vips: &'a [String],
     kube: &'a KubeGate,
+    /// The API server must have started after this (ms since the epoch):
+    /// the change restarts it with new service-account flags.
+    restarted_after: Option<u64>,
 }
 
 /// What every apply step needs: the file read again (checked against its
@@ -174,6 +177,21 @@ impl Ops {
             let lifetime = params.options.try_timeout + std::time::Duration::from_secs(300);
             match super::apply_kube::before(&self.client, node, lifetime).await {
                 super::apply_kube::Before::Token(token) => {
+                    if facts.sa_changes.contains(node) {
+                        // The gate waits for a later start: the restart
+                        // with the new flags.
+                        let started = super::apply_kube::started_ms(&self.client, node)
+                            .await
+                            .map_err(|why| {
+                                OpsError::step(
+                                    &step_name("try", node),
+                                    format!(
+                                        "{why}; nothing was sent (--kube-check=false applies without the Kubernetes check)"
+                                    ),
+                                )
+                            })?;
+                        facts.kube_started_ms.insert(node.into(), started);
+                    }
                     self.kube_tokens.insert(node.into(), token);
                     facts.kube_check.insert(node.into(), "token".into());
                     kube_note = format!(
@@ -259,6 +277,7 @@ impl Ops {
             )),
             _ => None,
         };
+        let restarted_after = facts.kube_started_ms.get(node).copied();
         let mut attempts = 0;
         // The first pass of the current run of passes, and how many.
         let mut streak: Option<(Instant, u32)> = None;
@@ -277,7 +296,11 @@ impl Ops {
                     params,
                     &tried,
                     boot,
-                    GateExtras { vips, kube: &kube },
+                    GateExtras {
+                        vips,
+                        kube: &kube,
+                        restarted_after,
+                    },
                     budget,
                 ),
             )
@@ -349,7 +372,11 @@ impl Ops {
         extra: GateExtras<'_>,
         budget: Duration,
     ) -> Result<String, String> {
-        let GateExtras { vips, kube } = extra;
+        let GateExtras {
+            vips,
+            kube,
+            restarted_after,
+        } = extra;
         let target = self.client.node(node);
         target
             .version()
@@ -420,13 +447,16 @@ impl Ops {
         match kube {
             KubeGate::Off => {}
             KubeGate::Ready => {
-                let ready = super::apply_kube::gate(&self.client, node, None).await?;
+                let ready =
+                    super::apply_kube::gate(&self.client, node, None, restarted_after).await?;
                 summary.push_str(&format!(
                     "; {ready} (no token check: the token was minted by an earlier run)"
                 ));
             }
             KubeGate::Token(token) => {
-                let checked = super::apply_kube::gate(&self.client, node, Some(token)).await?;
+                let checked =
+                    super::apply_kube::gate(&self.client, node, Some(token), restarted_after)
+                        .await?;
                 summary.push_str(&format!("; {checked}"));
             }
         }
@@ -580,6 +610,7 @@ impl Ops {
                         GateExtras {
                             vips,
                             kube: &KubeGate::Off,
+                            restarted_after: None,
                         },
                         until - Instant::now(),
                     )

@@ -338,6 +338,9 @@ pub(crate) struct Judged {
     /// What the change stops accepting (issuers, audiences, keys), when
     /// `allow_issuer_change` let it through; empty otherwise.
     pub allowed_loss: Vec<String>,
+    /// Whether the API server's service-account validation changes at all
+    /// (so its static pod restarts with new flags or keys).
+    pub changes: bool,
 }
 
 /// What a node's version makes of the old and new configuration.
@@ -377,9 +380,10 @@ impl IssuerCheck<'_> {
         old: &Documents,
         new: &Documents,
     ) -> Result<Judged, Refusal> {
-        let note = |note: String| Judged {
+        let note = |note: String, changes: bool| Judged {
             note,
             allowed_loss: Vec::new(),
+            changes,
         };
         let derivation = Derivation::of(self.version);
         if let Some(message) = unregistered(new, derivation) {
@@ -391,10 +395,13 @@ impl IssuerCheck<'_> {
             });
         }
         if !self.role.runs_api_server() {
-            return Ok(note(format!(
-                "{} (Talos {}, {}): runs no API server: the service-account issuer is not judged",
-                self.node, self.version, self.role
-            )));
+            return Ok(note(
+                format!(
+                    "{} (Talos {}, {}): runs no API server: the service-account issuer is not judged",
+                    self.node, self.version, self.role
+                ),
+                false,
+            ));
         }
         let bad = |file: &str, message: String| Refusal::UnknownDocument {
             node: self.node.into(),
@@ -407,11 +414,15 @@ impl IssuerCheck<'_> {
         let after = SaValidation::derive(new, derivation).map_err(|e| bad(file, e))?;
         let lost = lost(&before, &after);
         let summary = describe(&after);
+        let changes = before != after;
         if lost.is_empty() {
-            return Ok(note(format!(
-                "{} (Talos {}, {}): service-account validation keeps every issuer, audience and key: {summary}",
-                self.node, self.version, self.role
-            )));
+            return Ok(note(
+                format!(
+                    "{} (Talos {}, {}): service-account validation keeps every issuer, audience and key: {summary}",
+                    self.node, self.version, self.role
+                ),
+                changes,
+            ));
         }
         if self.allowed.contains(&self.role) {
             return Ok(Judged {
@@ -424,6 +435,7 @@ impl IssuerCheck<'_> {
                     lost.join("; ")
                 ),
                 allowed_loss: lost,
+                changes,
             });
         }
         Err(Refusal::IssuerChange {

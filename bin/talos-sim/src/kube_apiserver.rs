@@ -26,7 +26,9 @@
 //!
 //! It starts when the node has booted as a configured control plane,
 //! restarts when an applied configuration changes its flags or its
-//! service-account keys, and stops when the node goes down (reboot, reset,
+//! service-account keys (at kubelet's next poll of the static pods,
+//! [`crate::TalosTiming::static_pod_poll`] later: the old API server keeps
+//! answering until then), and stops when the node goes down (reboot, reset,
 //! power off). A leave stops etcd and leaves it running, answering without
 //! etcd behind it.
 //!
@@ -38,7 +40,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
 use serde_norway::Value;
@@ -82,6 +85,8 @@ const DENIED: [&str; 16] = [
 pub(crate) struct KubeApiServer {
     binary: Option<PathBuf>,
     running: Mutex<Option<Running>>,
+    /// A restart waits for kubelet's next poll.
+    restart_pending: std::sync::atomic::AtomicBool,
 }
 
 struct Running {
@@ -96,6 +101,7 @@ impl KubeApiServer {
         KubeApiServer {
             binary,
             running: Mutex::new(None),
+            restart_pending: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -126,9 +132,13 @@ impl KubeApiServer {
 
 /// Brings `node`'s kube-apiserver in line with the node: running with the
 /// flags its configuration gives when it is a powered, configured control
-/// plane (started, or restarted when the flags changed or it died), and
-/// stopped otherwise.
-pub(crate) fn reconcile(node: &Node) {
+/// plane (started, or restarted when it died; when its flags or keys
+/// changed, restarted at kubelet's next poll), and stopped otherwise.
+pub(crate) fn reconcile(node: &Arc<Node>) {
+    reconcile_now(node, false);
+}
+
+fn reconcile_now(node: &Arc<Node>, polled: bool) {
     let kube = &node.kube_apiserver;
     let Some(binary) = &kube.binary else {
         return;
@@ -148,11 +158,27 @@ pub(crate) fn reconcile(node: &Node) {
     };
     let mut slot = kube.running.lock().expect("kube lock");
     if let Some(running) = slot.as_mut()
-        && running.args == args
-        && running.keys == secrets.keys()
         && matches!(running.child.try_wait(), Ok(None))
     {
-        return;
+        if running.args == args && running.keys == secrets.keys() {
+            return;
+        }
+        if !polled {
+            // kubelet sees the new static pod at its next poll; until then
+            // the old API server answers with the old flags. The poll
+            // derives the flags again (a rollback may have undone them).
+            if !kube.restart_pending.swap(true, Ordering::SeqCst) {
+                let node = node.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(node.timing.static_pod_poll).await;
+                    node.kube_apiserver
+                        .restart_pending
+                        .store(false, Ordering::SeqCst);
+                    reconcile_now(&node, true);
+                });
+            }
+            return;
+        }
     }
     if let Some(mut old) = slot.take() {
         let _ = old.child.kill();

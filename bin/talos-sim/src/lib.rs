@@ -254,6 +254,13 @@ pub struct TalosTiming {
     /// KubePrism: the deadline of the dial to the upstream picked for a
     /// connection.
     pub kubeprism_dial_timeout: Duration,
+    /// How long after a change of its flags or keys the kube-apiserver
+    /// static pod is restarted: kubelet reads the static pods Talos serves
+    /// (kubelet_spec.go sets only `staticPodURL`) every
+    /// `httpCheckFrequency`, 20 s by default, so the old API server keeps
+    /// answering until its next poll. The simulator takes the whole period,
+    /// the longest it can be.
+    pub static_pod_poll: Duration,
 }
 
 impl TalosTiming {
@@ -291,6 +298,7 @@ impl TalosTiming {
         kubeprism_health_interval: Duration::from_secs(20),
         kubeprism_health_timeout: Duration::from_secs(15),
         kubeprism_dial_timeout: Duration::from_secs(15),
+        static_pod_poll: Duration::from_secs(20),
     };
 
     /// Upstream's schedule with every duration divided by `divisor` (at
@@ -318,6 +326,7 @@ impl TalosTiming {
             kubeprism_health_interval: up.kubeprism_health_interval / d,
             kubeprism_health_timeout: up.kubeprism_health_timeout / d,
             kubeprism_dial_timeout: up.kubeprism_dial_timeout / d,
+            static_pod_poll: up.static_pod_poll / d,
         }
     }
 }

@@ -160,7 +160,8 @@ struct UpArgs {
     /// Divide Talos's fixed waits and retry schedules (EtcdLeaveCluster's
     /// 10 s retry interval and 5 min limit, the 3 min wait for the local etcd
     /// member, the learner promotion's 15 s retry, member add's 3 s retry,
-    /// the etcd health check's 5 s delay and 20 s period) by N. The
+    /// the etcd health check's 5 s delay and 20 s period, kubelet's 20 s
+    /// poll of the static pods, KubePrism's health checks) by N. The
     /// default, 1, keeps upstream's values.
     #[arg(long, default_value_t = 1, value_name = "N")]
     timing_divisor: u32,

@@ -259,11 +259,7 @@ async fn kubernetes_tokens_across_an_endpoint_change_on_1_13_9() {
             .apply_configuration(ApplyRequest::new(config, ApplyMode::NoReboot))
             .await
             .unwrap();
-        assert_ne!(
-            node.kube_apiserver_pid(),
-            before,
-            "{name}: restarted with new flags"
-        );
+        wait_restarted(&node, before, name).await;
         admin.wait_ready(&ip).await;
         assert_eq!(review(&admin), expected, "{name}");
     }
@@ -337,13 +333,27 @@ async fn apply_restarting(
         .apply_configuration(ApplyRequest::new(config, ApplyMode::NoReboot))
         .await
         .unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert!(node.kube_apiserver_pid().is_some(), "{name}: running");
-    assert_ne!(
-        node.kube_apiserver_pid(),
-        before,
-        "{name}: restarted with new flags"
-    );
+    wait_restarted(node, before, name).await;
     admin.wait_ready(&node.ip.to_string()).await;
+}
+
+/// Checks that the API server `before` (if one ran) still runs right
+/// after the apply (kubelet restarts the static pod at its next poll, not
+/// at once), then waits for the new one.
+async fn wait_restarted(node: &Node, before: Option<u32>, name: &str) {
+    if before.is_some() {
+        assert_eq!(
+            node.kube_apiserver_pid(),
+            before,
+            "{name}: restarted before kubelet's next poll"
+        );
+    }
+    wait_for(
+        &format!("{name}: the API server restarted with new flags"),
+        Duration::from_secs(60),
+        || async { (node.kube_apiserver_pid().is_some_and(|p| Some(p) != before)).then_some(()) },
+    )
+    .await;
 }
 
 /// On 1.14 the service account is a KubeServiceAccountConfig document's

@@ -152,11 +152,21 @@ pub fn kube_apiserver_binary() -> std::path::PathBuf {
 impl SimCluster {
     /// A cluster whose control-plane nodes run kube-apiserver.
     pub async fn start_with_kubernetes(nodes: usize) -> SimCluster {
+        SimCluster::start_with_kubernetes_and(nodes, |_| {}).await
+    }
+
+    /// [`SimCluster::start_with_kubernetes`], with `tweak` applied to the
+    /// configuration last.
+    pub async fn start_with_kubernetes_and(
+        nodes: usize,
+        tweak: impl FnOnce(&mut talos_sim::SimConfig),
+    ) -> SimCluster {
         let binary = kube_apiserver_binary();
         let divisor = timing_divisor();
         SimCluster::start_with(nodes, |cfg| {
             cfg.timing = talos_sim::TalosTiming::scaled_down(divisor);
             cfg.kube_apiserver = Some(binary);
+            tweak(cfg);
         })
         .await
     }

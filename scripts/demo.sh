@@ -17,12 +17,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+work="${1:-$(mktemp -d -t talos-demo-XXXXXX)}"
+mkdir -p "$work"
+# An earlier run's files (its clusters' reports among them) would be taken
+# for this run's.
+if [ -n "$(ls -A "$work")" ]; then
+  echo "$work is not empty: give a new or empty directory" >&2
+  exit 2
+fi
+
 scripts/install-deps.sh
 kube="$(scripts/kube-apiserver.sh)"
 cargo build --locked --release --workspace --bins
 
-work="${1:-$(mktemp -d -t talos-demo-XXXXXX)}"
-mkdir -p "$work"
 sim="target/release/talos-sim"
 ctl="target/release/talosctl-rs"
 pids=()

@@ -50,11 +50,7 @@ fn channel(url: &str) -> Result<Channel, tonic::Status> {
 /// `d` moved at random by up to `fraction` of it either way, as etcd's
 /// client jitters its retry wait (client/v3 utils.go jitterUp).
 fn jitter_up(d: Duration, fraction: f64) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|t| t.subsec_nanos())
-        .unwrap_or(0);
-    let unit = f64::from(nanos % 1_000_000) / 1_000_000.0;
+    let unit = (crate::random_u64() % 1_000_000) as f64 / 1_000_000.0;
     d.mul_f64(1.0 + fraction * (unit * 2.0 - 1.0))
 }
 

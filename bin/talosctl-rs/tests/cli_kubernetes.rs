@@ -17,6 +17,7 @@ mod ops_fixture;
 
 use ops_fixture::Fixture;
 use talos_client::kube::{KubeClient, KubeConfig, LeaseRenewer, LeaseRenewerOptions, RenewalStats};
+use talos_test_support::cli::Run;
 use talos_test_support::sim::{SimCluster, kube_apiserver_binary, timing_divisor, wait_for};
 
 impl Fixture {
@@ -61,17 +62,13 @@ async fn kubernetes_an_unpinned_endpoint_change_fails_the_token_check_and_rolls_
         None,
     )
     .await;
-    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
-    for expected in [
-        "rejects the service-account token minted before the change (401 Unauthorized)",
-        "rolled back to its previous configuration (verified)",
-    ] {
-        assert!(
-            run.stderr.contains(expected),
-            "{expected:?} not in:\n{}",
-            run.stderr
-        );
-    }
+    assert_failed_with(
+        &run,
+        &[
+            "rejects the service-account token minted before the change (401 Unauthorized)",
+            "rolled back to its previous configuration (verified)",
+        ],
+    );
     assert_eq!(
         node.active_config(),
         before,
@@ -121,6 +118,18 @@ async fn kubernetes_an_unpinned_endpoint_change_fails_the_token_check_and_rolls_
     assert!(node.active_config().contains("k8s.example"));
 }
 
+/// Checks that `run` exited 1 and its error holds each of `expected`.
+fn assert_failed_with(run: &Run, expected: &[&str]) {
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    for expected in expected {
+        assert!(
+            run.stderr.contains(expected),
+            "{expected:?} not in:\n{}",
+            run.stderr
+        );
+    }
+}
+
 /// Waits until cp-1's API server runs with `old_endpoint` as its issuer
 /// again (kubelet restarts it at its next poll after the rollback), and is
 /// ready.
@@ -143,7 +152,7 @@ async fn apply_endpoint(
     file: &std::path::Path,
     extra: &[&str],
     crash: Option<&str>,
-) -> talos_test_support::cli::Run {
+) -> Run {
     let ip = f.sim.ip(1);
     let mut args = vec![
         "--yes",
@@ -192,17 +201,13 @@ async fn kubernetes_the_gate_waits_for_the_api_server_to_restart_with_the_new_fl
         None,
     )
     .await;
-    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
-    for expected in [
-        "rejects the service-account token minted before the change (401 Unauthorized)",
-        "rolled back to its previous configuration (verified)",
-    ] {
-        assert!(
-            run.stderr.contains(expected),
-            "{expected:?} not in:\n{}",
-            run.stderr
-        );
-    }
+    assert_failed_with(
+        &run,
+        &[
+            "rejects the service-account token minted before the change (401 Unauthorized)",
+            "rolled back to its previous configuration (verified)",
+        ],
+    );
     assert_eq!(
         node.active_config(),
         before,
@@ -224,7 +229,7 @@ async fn kubernetes_a_crash_in_the_gate_loses_the_token_and_an_allowed_issuer_ch
     let old_endpoint = format!("https://{ip}:6443");
     let endpoint = (old_endpoint.as_str(), "https://k8s.example:6443");
     let crash_point = format!("started:gate {ip}");
-    let resume = |crashed: talos_test_support::cli::Run| {
+    let resume = |crashed: Run| {
         let f = &f;
         async move {
             assert_ne!(
@@ -254,18 +259,14 @@ async fn kubernetes_a_crash_in_the_gate_loses_the_token_and_an_allowed_issuer_ch
     )
     .await;
     let resumed = resume(crashed).await;
-    assert_eq!(resumed.code, 1, "{}\n{}", resumed.stdout, resumed.stderr);
-    for expected in [
-        "was lost with the run that stopped",
-        "the change is not confirmed",
-        "rolled back to its previous configuration (verified)",
-    ] {
-        assert!(
-            resumed.stderr.contains(expected),
-            "{expected:?} not in:\n{}",
-            resumed.stderr
-        );
-    }
+    assert_failed_with(
+        &resumed,
+        &[
+            "was lost with the run that stopped",
+            "the change is not confirmed",
+            "rolled back to its previous configuration (verified)",
+        ],
+    );
     assert_eq!(
         node.active_config(),
         before,

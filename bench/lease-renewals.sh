@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lease renewals lost to a control-plane handover (seed 000's surprise): an
+# Lease renewals lost to a control-plane handover (the surprise of moving the control plane to new machines by hand): an
 # API server whose etcd left keeps accepting connections, and controllers
 # behind KubePrism that renew through it lose their leases until it stops.
 # Interleaved runs, each on a fresh simulated 3-node cluster with a real
@@ -8,7 +8,7 @@
 # through cp-1's KubePrism while cp-3 is retired:
 #   - by `talosctl-rs ops retire cp-3` (the reset follows the leave within
 #     milliseconds);
-#   - by hand, as the seed typed it: `etcd leave`, a pause of PAUSE seconds
+#   - by hand, as the field report typed it: `etcd leave`, a pause of PAUSE seconds
 #     (default 5) to read the output, then `reset`.
 # Appends the failed renewals and the longest time without a renewal, as
 # medians and their ratio, to bench/RESULTS.md. RUNS (default 5) sets the

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: the seeds' night on a simulated
-# three-node Talos control plane (real etcd members, a real kube-apiserver
-# and KubePrism on each node). Write data, take a verified snapshot with
+# The main job on a fresh machine: moving the control plane to new
+# machines, on a simulated three-node Talos control plane (real etcd
+# members, a real kube-apiserver and KubePrism on each node). Write data,
+# take a verified snapshot with
 # `ops snapshot`, retire one node with `ops retire` (snapshot, a fresh
 # check, forfeit, leave, reset at once, wait until silent; each step and
 # the leave-to-reset gap printed) while three leader-elected controllers
 # renew their leases through KubePrism, then show the two voters left and
 # the renewals the controllers lost (expected: none).
-# Then, on a second cluster, the seeds' surprises by hand: the same
+# Then, on a second cluster, the surprises of doing it by hand: the same
 # handover typed as `etcd leave`, a pause, `reset` (the controllers lose
 # leases), and an endpoint change whose issuer is not pinned, rolled back
 # by `ops apply`'s token check although the issuer guard was overridden.
@@ -110,7 +111,7 @@ echo
 echo "== the journal"
 $ops list
 echo
-echo "== the seeds' surprises, by hand, on a second cluster"
+echo "== the surprises of doing it by hand, on a second cluster"
 up by-hand
 tc2="$work/by-hand/talosconfig"
 old="$(ip by-hand 3)"

@@ -3,8 +3,8 @@
 //! a renewal is retried every retry period until it succeeds or the renew
 //! deadline passes; a renewal that misses its deadline is leadership lost).
 //! It counts those failed renewals, so an operation can say whether a
-//! controller behind a balancer would have lost its lease (seed 000's
-//! symptom), and keeps renewing afterwards to see when it recovers.
+//! controller behind a balancer would have lost its lease (the symptom
+//! the field reports on moving the control plane to new machines saw), and keeps renewing afterwards to see when it recovers.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
-//! `apply -n NODE[,NODE...] -f FILE`: the seeds' trial-mode change, done
-//! safely. The preflight reads each node's configuration, shows the changed
+//! `apply -n NODE[,NODE...] -f FILE`: a trial-mode configuration change,
+//! done safely. The preflight reads each node's configuration, shows the changed
 //! paths and the server's dry run, and refuses what the guards forbid; then
 //! each node in turn gets the file in TRY mode, a health gate within the try
 //! window, and a confirmation, or nothing more and a verified rollback.

@@ -1,7 +1,7 @@
 //! `join NODE`: wait until a new control-plane node is a voting etcd member
 //! (its learner promoted), its etcd service is healthy, and every member is
 //! healthy. With a configuration it first applies it to NODE in maintenance
-//! mode (the seeds' `apply-config --insecure`), which makes NODE join.
+//! mode (what `talosctl apply-config --insecure` does by hand), which makes NODE join.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

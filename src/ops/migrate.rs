@@ -1,5 +1,5 @@
-//! `migrate --from OLD --to NEW`: the seeds' night as one journaled
-//! operation. NEW joins (from maintenance mode when a configuration is
+//! `migrate --from OLD --to NEW`: moving the control plane to new machines
+//! as one journaled operation. NEW joins (from maintenance mode when a configuration is
 //! given) and becomes a healthy voter; only then is OLD retired, through
 //! the retire's own checks and steps: verified snapshot, forfeit, leave,
 //! reset at once, confirmation, silence.

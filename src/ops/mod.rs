@@ -1,6 +1,7 @@
-//! Safe composite operations: the seeds' runbooks as plain library code,
-//! run by `talosctl-rs ops` and the talos-opsd daemon, and usable by any
-//! program that links the crate (feature `ops`).
+//! Safe composite operations: the runbooks of moving the control plane to
+//! new machines as plain library code, run by `talosctl-rs ops` and the
+//! talos-opsd daemon, and usable by any program that links the crate
+//! (feature `ops`).
 //!
 //! An operation is a typed value, an [`OpSpec`]: one variant per operation
 //! with its options type. [`Ops::plan`] takes the cluster's lock, reads the

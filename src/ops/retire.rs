@@ -1,4 +1,4 @@
-//! `retire NODE`: the seeds' handover. Preflight refusals, a verified
+//! `retire NODE`: handing a control-plane node's place over. Preflight refusals, a verified
 //! snapshot from a surviving voter, forfeit when NODE leads, EtcdLeaveCluster
 //! on NODE, Reset of NODE at once (its API server keeps accepting
 //! connections without etcd after the leave, and KubePrism keeps sending it

@@ -1,7 +1,7 @@
-//! The issuer rules against the seeds' configurations on both versions:
-//! seed 003 moves the endpoint from https://10.0.0.21:6443 to the VIP
-//! https://10.0.0.20:6443 (with a Layer2VIPConfig), seed 000 from the bare
-//! IP to a DNS name.
+//! The issuer rules against the field reports' configurations on both
+//! versions: one moves the endpoint from https://10.0.0.21:6443 to the VIP
+//! https://10.0.0.20:6443 (with a Layer2VIPConfig), the other (moving the
+//! control plane to new machines) from the bare IP to a DNS name.
 
 use super::*;
 use crate::ops::secret_paths::{changed_secrets, guard_paths};
@@ -36,7 +36,7 @@ fn v1(role: &str, endpoint: &str, key: Option<&str>, extra: &[&str]) -> String {
     s
 }
 
-/// A `KubeServiceAccountConfig` document (seed 003's pin, with the key
+/// A `KubeServiceAccountConfig` document (the VIP field report's pin, with the key
 /// 1.14 requires).
 fn sa_doc(issuer: &str, accepted_issuers: &[&str], audiences: &[&str]) -> String {
     let mut s = format!(

@@ -176,7 +176,7 @@ async fn kubernetes_answers_readyz_on_every_control_plane_node_and_stops_with_th
     }
 
     // A leave stops etcd and leaves the API server running: it still
-    // accepts connections, with no etcd behind it (seed 000's surprise).
+    // accepts connections, with no etcd behind it (the field reports' surprise).
     sim.wait_etcd_healthy(3).await;
     let pid = node.kube_apiserver_pid().unwrap();
     sim.admin()

@@ -295,7 +295,7 @@ async fn an_issuer_pin_without_the_audiences_is_refused_on_1_13_9() {
         run.stderr
     );
 
-    // Seed 003's pin: a document 1.13.9 does not register.
+    // The VIP field report's pin: a document 1.13.9 does not register.
     let mut config = std::fs::read_to_string(f.sim.dir.path().join("controlplane.yaml"))
         .unwrap()
         .replace(endpoint.0, endpoint.1);

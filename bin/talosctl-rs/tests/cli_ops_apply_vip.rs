@@ -1,5 +1,5 @@
 //! `talosctl-rs ops apply` with a `Layer2VIPConfig` document in the change
-//! (the seed's move of the Kubernetes API to a VIP): the gate waits until
+//! (the field report's move of the Kubernetes API to a VIP): the gate waits until
 //! the VIP is held by exactly one control-plane node, read through COSI
 //! (`AddressStatuses`), and fails, with the rollback verified, when the
 //! tried configuration puts it nowhere.

@@ -1,5 +1,5 @@
 //! New control-plane nodes from maintenance mode: `ops join --config` and
-//! `ops migrate`, the seeds' night in one command, against the simulator
+//! `ops migrate`, moving the control plane to new machines in one command, against the simulator
 //! (real etcd).
 
 use std::time::Duration;

@@ -76,7 +76,7 @@ async fn a_partitioned_survivor_stops_the_retire_at_the_check() {
 
 /// The process dies after the leave answered, before the reset; then the
 /// node's API is cut off while it runs (out of etcd, its API server still
-/// up: the seeds' second surprise). `ops resume` must not count its
+/// up: the field reports' second surprise). `ops resume` must not count its
 /// silence as a reset while the survivors' discovery still lists it: it
 /// needs attention. Once the node is reachable again, the resume sends the
 /// reset and the retire ends.

@@ -200,8 +200,8 @@ pub enum OpsCommand {
         #[command(flatten)]
         maintenance: MaintenanceArgs,
     },
-    /// Join NEW (from maintenance mode with --config), then retire OLD: the
-    /// seeds' night as one operation.
+    /// Join NEW (from maintenance mode with --config), then retire OLD:
+    /// moving the control plane to new machines as one operation.
     Migrate {
         /// The node to retire.
         #[arg(long, value_name = "OLD")]

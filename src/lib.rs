@@ -29,9 +29,23 @@
 //! ```
 //!
 //! Layers, bottom up: [`api`] (generated client stubs) → [`Client`] (typed
-//! calls, node targeting, failover) → [`snapshot`] (verified etcd
-//! snapshots). The `talosctl-rs` CLI and the `talos-sim` simulator are
-//! separate packages of the same workspace built on this crate.
+//! calls, node targeting, failover; [`config`], [`tls`]) → [`snapshot`]
+//! (verified etcd snapshots). Above them, behind features that are off by
+//! default:
+//!
+//! - `kubernetes`: `kube`, a small Kubernetes API client for the gates
+//!   (readyz, TokenRequest, SelfSubjectReview, nodes, Lease renewal);
+//! - `ops`: `ops`, the safe composite operations (snapshot, retire, join,
+//!   migrate, apply, upgrade, defrag, restore, drill) with their SQLite
+//!   journal; turns on `kubernetes`;
+//! - `backup`: `backup`, off-host backups (stores, the encrypted pipeline,
+//!   recovery kits, retention, restore drills).
+//!
+//! Nothing climbs back: `ops` uses `backup` and `kube`, never the reverse,
+//! and the library knows nothing of its tools. The `talosctl-rs` CLI, the
+//! `talos-opsd` daemon (with its API crate, `talos-opsd-api`) and the
+//! `talos-sim` simulator are separate packages of the same workspace built
+//! on this crate. The manual is `docs/` in the repository.
 
 #![warn(missing_docs)]
 
@@ -69,3 +83,19 @@ pub use client::{
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The manual's Rust examples (`docs/`), compiled by `cargo test --doc`;
+/// `tests/manual.rs` checks that every page with one is listed here.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/client.md")]
+pub struct ManualClientDoctests;
+
+/// See [`ManualClientDoctests`].
+#[cfg(all(doctest, feature = "kubernetes"))]
+#[doc = include_str!("../docs/kube.md")]
+pub struct ManualKubeDoctests;
+
+/// See [`ManualClientDoctests`].
+#[cfg(all(doctest, feature = "backup"))]
+#[doc = include_str!("../docs/backups.md")]
+pub struct ManualBackupsDoctests;

@@ -93,8 +93,9 @@ pub use retire::{PlannedMember, RetireFacts, RetireStep};
 pub use sa_validation::MachineRole;
 pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep, Tiers, held_snapshots};
 pub use spec::{
-    ApplyOptions, DefragOptions, DrillOptions, JoinOptions, LeaseProbe, MaintenanceApply,
-    MigrateOptions, OpKind, OpSpec, RestoreOptions, RetireOptions, SnapshotOptions, UpgradeOptions,
+    ApplyOptions, DURATION_BOUNDS, DefragOptions, DrillOptions, JoinOptions, LeaseProbe,
+    MaintenanceApply, MigrateOptions, OpKind, OpSpec, RestoreOptions, RetireOptions,
+    SnapshotOptions, UpgradeOptions,
 };
 pub use stop::{CancelRefused, StopHandle};
 pub use upgrade::{UpgradeFacts, UpgradeNode, UpgradePhase, UpgradeStep, image_release};

@@ -6,7 +6,7 @@
 //! path as `:authority` for a `unix:` target (`run%2Ftalos-opsd%2Ftalos-opsd.sock`
 //! is no URI authority). Accepting such a request would mean rewriting the
 //! client's compressed (HPACK) header blocks in front of the API; the fix
-//! is the client's (`grpc.default_authority`, see the README), and this
+//! is the client's (`grpc.default_authority`, see docs/talos-opsd.md), and this
 //! makes the refusal visible: the frames the server writes are scanned
 //! (server frames only, from the first byte: over the socket HTTP/2 has no
 //! TLS and the server sends no preface), and a `RST_STREAM` or `GOAWAY`

@@ -86,7 +86,7 @@ pub enum Output {
     /// Aligned columns, as talosctl prints.
     #[value(alias = "text")]
     Table,
-    /// JSON, one document (stable shapes, see the README).
+    /// JSON, one document (stable shapes, see docs/cli.md).
     Json,
     /// YAML, one document.
     Yaml,

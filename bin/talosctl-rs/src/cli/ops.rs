@@ -287,7 +287,8 @@ pub enum OpsCommand {
         s3: S3Flags,
         /// The control-plane node to restore onto (address or name).
         node: String,
-        /// How long the other control-plane nodes may take to rejoin.
+        /// How long the other control-plane nodes may take to rejoin
+        /// (default 10m).
         #[arg(long, value_parser = parse_go_duration)]
         rejoin_timeout: Option<Duration>,
     },

@@ -41,11 +41,12 @@ if [ -n "$daemon_only" ]; then
 fi
 
 cargo build --locked --examples
-cargo test --locked --workspace
+# The test-only crash hooks (feature test-hooks) are on for the tests only.
+cargo test --locked --workspace --features talosctl-rs/test-hooks,talos-opsd/test-hooks
 # The apply, health and migrate (join + retire) tests once more on Talos's own
 # schedules (talos-sim's timing divisor 1 instead of the tests' 10): a
 # promotion after the 15 s retry, etcd health checked every 20 s.
-TALOS_SIM_TIMING_DIVISOR=1 cargo test --locked -p talosctl-rs \
+TALOS_SIM_TIMING_DIVISOR=1 cargo test --locked -p talosctl-rs --features test-hooks \
   --test cli_ops_apply --test cli_health --test cli_ops_migrate
 # Off-host backups (feature `backup`): a real S3 server on loopback, age,
 # zstd and a throwaway etcd.
@@ -55,4 +56,7 @@ cargo test --locked -p talos-client --features backup --doc
 # Peak-memory checks measure the optimised code that users run.
 cargo test --locked --release -p talos-client --test snapshot_memory --test client_snapshot_memory
 cargo test --locked --release -p talos-client --features backup --test backup_memory
+# The shipped binaries hold no test hook (after the tests: it rebuilds the
+# CLI and the daemon without them).
+scripts/no-test-hooks.sh
 tests/interop/run.sh

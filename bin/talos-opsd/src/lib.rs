@@ -19,6 +19,8 @@ pub mod recover;
 pub mod schedule;
 pub mod service;
 mod settle;
+#[cfg(feature = "test-hooks")]
+mod test_hooks;
 
 /// The generated API (`proto/opsd/v1/opsd.proto`), from the API crate
 /// that clients share.

@@ -396,8 +396,8 @@ impl Manager {
             };
             let mut id = None::<String>;
             let mut observe = |event: Event<'_>| {
-                crash_hook(&event);
-                crate::settle::journal_busy_hook(&event, &manager.state_dir);
+                #[cfg(feature = "test-hooks")]
+                crate::test_hooks::observe(&event, &manager.state_dir);
                 if let Event::Started { id: started } = event {
                     id = Some(started.to_string());
                     manager
@@ -638,30 +638,6 @@ pub fn fingerprint_of(cluster: &ResolvedCluster) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-/// `TALOS_OPSD_TEST_CRASH=started:STEP` or `answered:STEP` aborts the daemon
-/// at that point, as a crash would (for the crash-safety tests).
-fn crash_hook(event: &Event<'_>) {
-    let Ok(crash) = std::env::var("TALOS_OPSD_TEST_CRASH") else {
-        return;
-    };
-    let point = match event {
-        Event::StepStarted { name, node, .. } => format!("started:{}", label(name, *node)),
-        Event::StepAnswered { name, node, .. } => format!("answered:{}", label(name, *node)),
-        _ => return,
-    };
-    if point == crash {
-        std::process::abort();
-    }
-}
-
-/// `NAME` or `NAME NODE`, as the journal's step labels read.
-pub(crate) fn label(name: &str, node: Option<&str>) -> String {
-    match node {
-        Some(node) => format!("{name} {node}"),
-        None => name.to_string(),
-    }
 }
 
 #[cfg(test)]

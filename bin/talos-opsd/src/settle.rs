@@ -6,13 +6,12 @@
 
 use std::path::PathBuf;
 use std::sync::PoisonError;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use talos_client::ops::{Event, OpRecord, OpsError, Unsaved};
+use talos_client::ops::{OpRecord, OpsError, Unsaved};
 use talos_opsd_api::state_name;
 
 use crate::config::ResolvedCluster;
-use crate::manager::{Manager, StartError, label};
+use crate::manager::{Manager, StartError};
 
 /// An operation whose end the journal has not taken yet.
 pub(crate) struct Unsettled {
@@ -167,40 +166,4 @@ fn move_aside(cluster: &str, id: &str, files: &[PathBuf]) -> Vec<String> {
         }
     }
     moved
-}
-
-/// `TALOS_OPSD_TEST_JOURNAL_BUSY=answered:STEP` takes the journal's write
-/// lock from another connection when STEP's work has answered (before its
-/// end is journaled), as another process holding the journal would, and
-/// holds it until the file `STATE_DIR/journal-busy.release` exists: the
-/// operation's next journal write fails with SQLITE_BUSY. Once per process
-/// (for the journal-failure tests).
-pub(crate) fn journal_busy_hook(event: &Event<'_>, state_dir: &std::path::Path) {
-    static FIRED: AtomicBool = AtomicBool::new(false);
-    let Ok(point) = std::env::var("TALOS_OPSD_TEST_JOURNAL_BUSY") else {
-        return;
-    };
-    let Event::StepAnswered { name, node, .. } = event else {
-        return;
-    };
-    if point != format!("answered:{}", label(name, *node)) || FIRED.swap(true, Ordering::SeqCst) {
-        return;
-    }
-    let conn = rusqlite::Connection::open(state_dir.join("journal.sqlite"))
-        .and_then(|conn| conn.execute_batch("BEGIN IMMEDIATE").map(|()| conn));
-    let conn = match conn {
-        Ok(conn) => conn,
-        Err(e) => return tracing::error!("journal busy hook: {e}"),
-    };
-    let release = state_dir.join("journal-busy.release");
-    tracing::warn!(
-        "journal busy hook: the journal is locked until {} exists",
-        release.display()
-    );
-    std::thread::spawn(move || {
-        while !release.exists() {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let _ = conn.execute_batch("ROLLBACK");
-    });
 }

@@ -76,6 +76,11 @@ impl Daemon {
             .stdout(Stdio::null())
             .stderr(log);
         for (k, v) in &self.env {
+            assert!(
+                !k.starts_with("TALOS_OPSD_TEST_") || cfg!(feature = "test-hooks"),
+                "{k} needs the daemon's test-only hooks: \
+                 run this test with `--features test-hooks` (the test command does)"
+            );
             cmd.env(k, v);
         }
         self.child = Some(cmd.spawn().expect("talos-opsd starts"));

@@ -61,11 +61,8 @@ pub(super) fn confirm() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Step-by-step progress on stderr. `TALOSCTL_RS_TEST_CRASH=started:STEP`
-/// or `answered:STEP` (STEP as labelled: `leave`, `try NODE`) aborts the
-/// process at that point, as a crash would (for the crash-safety tests).
+/// Step-by-step progress on stderr.
 pub(super) fn progress(event: Event<'_>) {
-    let crash_at = std::env::var("TALOSCTL_RS_TEST_CRASH").ok();
     let point = match event {
         Event::Started { id } => {
             eprintln!("operation {id}");
@@ -102,9 +99,21 @@ pub(super) fn progress(event: Event<'_>) {
         }
         _ => None,
     };
-    if let (Some(point), Some(crash)) = (point, crash_at.as_deref())
-        && point == crash
-    {
+    #[cfg(feature = "test-hooks")]
+    if let Some(point) = point {
+        crash_hook(&point);
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = point;
+}
+
+/// `TALOSCTL_RS_TEST_CRASH=started:STEP` or `answered:STEP` (STEP as
+/// labelled: `leave`, `try NODE`) aborts the process at that point, as a
+/// crash would (for the crash-safety tests). Only in a build with the
+/// `test-hooks` feature, which release builds leave off.
+#[cfg(feature = "test-hooks")]
+fn crash_hook(point: &str) {
+    if std::env::var("TALOSCTL_RS_TEST_CRASH").is_ok_and(|crash| crash == point) {
         std::process::abort();
     }
 }

@@ -61,6 +61,12 @@ impl Fixture {
             .arg(self.state.path())
             .args(args);
         if let Some(point) = crash {
+            if !cfg!(feature = "test-hooks") {
+                panic!(
+                    "a crash test needs the CLI's test-only crash hook: \
+                     run it with `--features test-hooks` (the test command does)"
+                );
+            }
             cmd.env("TALOSCTL_RS_TEST_CRASH", point);
         }
         let output = tokio::task::spawn_blocking(move || cmd.output())

@@ -20,6 +20,13 @@ export TALOS_SIM_KUBE_APISERVER
 cargo fmt --all --check
 cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
 
+# The published crates: their packages hold what they need and build on
+# their own (cargo 1.90 and later resolve talos-opsd-api's dependency on the
+# unpublished talos-client from the package beside it), and the docs build
+# without a warning.
+cargo publish --locked --dry-run --allow-dirty -p talos-client -p talos-opsd-api
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --all-features --workspace
+
 # `cargo add talos-client` must bring a client and nothing else.
 cargo build --locked -p talos-client
 heavy=$(cargo tree --locked -p talos-client -e normal,no-proc-macro --prefix none |

@@ -5,6 +5,9 @@
 //! not wrap. Module paths follow the protobuf packages: [`machine`],
 //! [`common`], [`cluster`], [`google::rpc`], and COSI's [`cosi::resource`]
 //! with the Talos resource specs in [`talos::resource::definitions`].
+//!
+//! Its types follow the Talos protos this release pins, not the crate's
+//! semantic versioning (see [the crate docs](crate#the-generated-api)).
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 

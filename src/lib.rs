@@ -46,8 +46,20 @@
 //! `talos-opsd` daemon (with its API crate, `talos-opsd-api`) and the
 //! `talos-sim` simulator are separate packages of the same workspace built
 //! on this crate. The manual is `docs/` in the repository.
+//!
+//! # The generated API
+//!
+//! [`api`] stays public: it is the escape hatch for calls the typed client
+//! does not wrap ([`Client::machine_service`] hands out its stub over the
+//! client's connection). It is outside this crate's semantic versioning:
+//! its types are what the protos of the pinned Talos release generate, so a
+//! minor release that follows a newer Talos may add fields to its structs
+//! (plain prost structs: build them with `..Default::default()`) or change
+//! them as upstream did. Everything else the crate exports is its own type
+//! and follows semver.
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod api;
 mod atomic;

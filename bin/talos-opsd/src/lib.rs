@@ -22,6 +22,6 @@ mod settle;
 #[cfg(feature = "test-hooks")]
 mod test_hooks;
 
-/// The generated API (`proto/opsd/v1/opsd.proto`), from the API crate
-/// that clients share.
+/// The generated API (`bin/talos-opsd-api/proto/opsd/v1/opsd.proto`), from
+/// the API crate that clients share.
 pub use talos_opsd_api::proto;

@@ -158,7 +158,7 @@ impl EtcdClient {
     }
 
     /// Lists the members through a reachable member (retried as
-    /// [`Self::repeatable`] says), as a linearizable read: upstream's etcd
+    /// `Self::repeatable` says), as a linearizable read: upstream's etcd
     /// client (client/v3 cluster.go, v3.6) asks for one unless told to
     /// serialize, and Talos never does
     /// (v1alpha1_server.go EtcdMemberList, internal/pkg/etcd). A member

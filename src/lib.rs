@@ -77,6 +77,7 @@ pub fn write_private_file(path: &std::path::Path, data: &[u8]) -> std::io::Resul
 pub mod backup;
 pub mod client;
 pub mod config;
+pub mod input;
 #[cfg(feature = "kubernetes")]
 pub mod kube;
 pub mod maintenance;

@@ -219,7 +219,7 @@ impl Lease {
 }
 
 /// Kubernetes' MicroTime: RFC 3339 with microseconds, UTC.
-fn micro_time() -> String {
+pub(super) fn micro_time() -> String {
     OffsetDateTime::now_utc()
         .format(format_description!(
             "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"

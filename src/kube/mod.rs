@@ -20,9 +20,11 @@
 //! to disk.
 
 mod config;
+mod election;
 mod lease;
 
 pub use config::KubeConfig;
+pub use election::{Confirmed, ElectionError, ElectionOptions, HeldLease, LeaseState};
 pub use lease::{LeaseRenewer, LeaseRenewerOptions, RenewalStats};
 
 use std::time::Duration;

@@ -332,6 +332,11 @@ impl Ops {
         };
         let mut steps = Vec::new();
         let mut notes = Vec::new();
+        if !options.kube_check {
+            notes.push(
+                "the Kubernetes check is skipped (--skip-kube-check): no token is minted before the change, and the gate does not ask the API servers".into(),
+            );
+        }
         for node in &options.nodes {
             let Some(NodePreflight {
                 paths,

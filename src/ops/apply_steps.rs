@@ -8,6 +8,7 @@ use super::apply::{
     ApplyFacts, ApplyOptions, ApplyPhase, ApplyStep, DryRun, no_changes, read_config, read_planned,
     try_dry_run,
 };
+use super::apply_kube::{GateFailed, SKIPPED_KUBE_CHECK};
 use super::apply_vip::check_vips;
 use super::config_diff::Documents;
 use super::plan::label;
@@ -171,49 +172,18 @@ impl Ops {
         if let Ok(boot) = self.boot_id(node).await {
             facts.boot_ids.insert(node.into(), boot);
         }
-        let mut kube_note = String::new();
-        if params.options.kube_check {
-            // Valid through the whole window, with time to spare.
-            let lifetime = params.options.try_timeout + std::time::Duration::from_secs(300);
-            match super::apply_kube::before(&self.client, node, lifetime).await {
-                super::apply_kube::Before::Token(token) => {
-                    if facts.sa_changes.contains(node) {
-                        // The gate waits for a later start: the restart
-                        // with the new flags.
-                        let started = super::apply_kube::started_ms(&self.client, node)
-                            .await
-                            .map_err(|why| {
-                                OpsError::step(
-                                    &step_name("try", node),
-                                    format!(
-                                        "{why}; nothing was sent (--kube-check=false applies without the Kubernetes check)"
-                                    ),
-                                )
-                            })?;
-                        facts.kube_started_ms.insert(node.into(), started);
-                    }
-                    self.kube_tokens.insert(node.into(), token);
-                    facts.kube_check.insert(node.into(), "token".into());
-                    kube_note = format!(
-                        "; a token of {}/{} minted for the gate",
-                        super::apply_kube::NAMESPACE,
-                        super::apply_kube::ACCOUNT
-                    );
-                }
-                super::apply_kube::Before::Skipped(why) => {
-                    kube_note = format!("; no Kubernetes check: {why}");
-                    facts.kube_check.insert(node.into(), why);
-                }
-                super::apply_kube::Before::Refused(why) => {
-                    return Err(OpsError::step(
-                        &step_name("try", node),
-                        format!(
-                            "{why}; nothing was sent (--kube-check=false applies without the Kubernetes check)"
-                        ),
-                    ));
-                }
+        let kube_note = match params.options.kube_check {
+            true => {
+                self.kube_before(node, &params.config, params.options.try_timeout, facts)
+                    .await?
             }
-        }
+            false => {
+                facts
+                    .kube_check
+                    .insert(node.into(), SKIPPED_KUBE_CHECK.into());
+                format!("; {SKIPPED_KUBE_CHECK}")
+            }
+        };
         // The node starts its rollback timer after this instant, so the
         // deadline counted from here is never later than the rollback.
         let sent = now_ms();
@@ -272,13 +242,14 @@ impl Ops {
         // without it the change is not confirmed and rolls back.
         let unverifiable = match (&kube, facts.sa_loss_allowed.get(node)) {
             (KubeGate::Ready, Some(loss)) => Some(format!(
-                "{node}'s change stops accepting {} (allowed), and the service-account token minted before it was lost with the run that stopped: nothing can show that tokens issued so far still authenticate, so the change is not confirmed; apply it again to check it with a new token, or with --kube-check=false to confirm it unchecked",
+                "{node}'s change stops accepting {} (allowed), and the service-account token minted before it was lost with the run that stopped: nothing can show that tokens issued so far still authenticate, so the change is not confirmed; apply it again to check it with a new token, or with --skip-kube-check to confirm it unchecked",
                 loss.join("; ")
             )),
             _ => None,
         };
         let restarted_after = facts.kube_started_ms.get(node).copied();
         let mut attempts = 0;
+        let gate_started = Instant::now();
         // The first pass of the current run of passes, and how many.
         let mut streak: Option<(Instant, u32)> = None;
         let mut failure = String::new();
@@ -308,7 +279,18 @@ impl Ops {
             {
                 Ok(Ok(summary)) if Instant::now() <= gate_until => Ok(summary),
                 Ok(Ok(_)) => Err("a pass ended after the gate's end".to_string()),
-                Ok(Err(reason)) => Err(reason),
+                // No later pass can say otherwise: the gate fails now,
+                // and the rest of the window is the node's rollback.
+                Ok(Err(GateFailed {
+                    reason,
+                    definitive: true,
+                })) => {
+                    break format!(
+                        "{reason} (a definitive answer, {:.1} s into the gate at attempt {attempts}: the gate ends at once)",
+                        gate_started.elapsed().as_secs_f64()
+                    );
+                }
+                Ok(Err(GateFailed { reason, .. })) => Err(reason),
                 // A pass the gate's end cut short says nothing new: the
                 // reason an earlier pass failed stands.
                 Err(_) if !failure.is_empty() => Err(format!(
@@ -371,7 +353,7 @@ impl Ops {
         boot: Option<&str>,
         extra: GateExtras<'_>,
         budget: Duration,
-    ) -> Result<String, String> {
+    ) -> Result<String, GateFailed> {
         let GateExtras {
             vips,
             kube,
@@ -390,7 +372,8 @@ impl Ops {
             if now != before {
                 return Err(format!(
                     "{node} rebooted inside the try window (boot id {before} is now {now})"
-                ));
+                )
+                .into());
             }
         }
         // A node that rebooted (or rolled back) inside the window runs its
@@ -406,7 +389,8 @@ impl Ops {
             return Err(format!(
                 "{node} no longer runs the tried file (it rebooted or rolled back): {}",
                 drift.join(", ")
-            ));
+            )
+            .into());
         }
         let view = self
             .read_view()
@@ -416,17 +400,19 @@ impl Ops {
             return Err(format!(
                 "the members' lists disagree: {}",
                 view.disagreements.join("; ")
-            ));
+            )
+            .into());
         }
         if let Some(m) = view.members.iter().find(|m| m.is_learner) {
-            return Err(format!("{} is still a learner", m.hostname));
+            return Err(format!("{} is still a learner", m.hostname).into());
         }
         if let Some(m) = view.members.iter().find(|m| !view.healthy(m.id)) {
             return Err(format!(
                 "etcd member {} is unhealthy: {}",
                 m.hostname,
                 view.unhealthy_reason(m.id)
-            ));
+            )
+            .into());
         }
         let services = target
             .service_list()
@@ -434,10 +420,7 @@ impl Ops {
             .map_err(|e| format!("{node}'s services cannot be read: {e}"))?;
         let bad: Vec<String> = services.iter().filter_map(|s| s.problem()).collect();
         if !bad.is_empty() {
-            return Err(format!(
-                "{node}'s services are not healthy: {}",
-                bad.join(", ")
-            ));
+            return Err(format!("{node}'s services are not healthy: {}", bad.join(", ")).into());
         }
         let mut summary = format!(
             "{node} answers; {} etcd members healthy; {} services running",
@@ -623,7 +606,7 @@ impl Ops {
                         )));
                     }
                     Ok(_) => last = format!("{node} is back but does not hold the file"),
-                    Err(reason) => last = reason,
+                    Err(failed) => last = failed.reason,
                 },
                 Ok(false) => last = format!("{node} has not rebooted yet"),
                 Err(e) => last = format!("{node}: {e}"),

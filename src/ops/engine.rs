@@ -59,7 +59,23 @@ impl Ops {
                 lock
             }
         };
-        let record = self.record_of(&plan)?;
+        let cluster_lock = match plan.cluster_lock.take() {
+            Some(hold) => Some(hold),
+            // A plan only shown (PlanOnly) runs under the lock taken now.
+            None if plan.spec.may_change_cluster() => {
+                let policy = self.cluster_lock_policy;
+                if policy == super::ClusterLockPolicy::PlanOnly {
+                    self.cluster_lock_policy = super::ClusterLockPolicy::Required;
+                }
+                let taken = self.take_cluster_lock(&plan.id).await;
+                self.cluster_lock_policy = policy;
+                taken?
+            }
+            None => None,
+        };
+        let mut record = self.record_of(&plan)?;
+        record.cluster_lock = cluster_lock.as_ref().map(|hold| hold.record.clone());
+        self.cluster_lease = cluster_lock.and_then(|hold| hold.lease);
         self.journal.create(&record)?;
         observe(Event::Started { id: &record.id });
         let typed = Typed {
@@ -67,7 +83,25 @@ impl Ops {
             steps: plan.steps.into_iter().map(|s| s.step).collect(),
             facts: plan.facts,
         };
-        self.drive(record, typed, false, observe).await
+        let result = self.drive(record, typed, false, observe).await;
+        self.end_cluster_lock(&result).await;
+        result
+    }
+
+    /// After a run: an operation that ended lets its cluster lock go; one
+    /// that stopped part-way (parked, needing attention, a crash) leaves it
+    /// to expire, so that its holder stays named until then.
+    async fn end_cluster_lock(&mut self, result: &Result<OpRecord, OpsError>) {
+        let ended = match result {
+            Ok(_) => true,
+            Err(OpsError::Cancelled { .. } | OpsError::StepFailed { .. }) => true,
+            Err(_) => false,
+        };
+        if ended {
+            self.release_cluster_lock().await;
+        } else {
+            self.cluster_lease = None;
+        }
     }
 
     fn record_of(&self, plan: &Plan) -> Result<OpRecord, OpsError> {
@@ -105,9 +139,11 @@ impl Ops {
                     finished: None,
                     duration_ms: None,
                     detail: None,
+                    fence: None,
                     step: Some(s.step.clone()),
                 })
                 .collect(),
+            cluster_lock: None,
         })
     }
 
@@ -127,8 +163,39 @@ impl Ops {
             facts: record.typed_facts()?,
         };
         let _lock: ClusterLock = self.lock(&record.id)?;
+        let cluster_lock = match typed.spec.may_change_cluster() {
+            true => self.resume_cluster_lock(&record).await?,
+            false => None,
+        };
+        if let Some(hold) = cluster_lock {
+            self.journal.set_cluster_lock(&record.id, &hold.record)?;
+            self.cluster_lease = hold.lease;
+        }
         observe(Event::Started { id: &record.id });
-        self.drive(record, typed, true, observe).await
+        let result = self.drive(record, typed, true, observe).await;
+        self.end_cluster_lock(&result).await;
+        result
+    }
+
+    /// The cluster lock taken again for a resumed operation (its own
+    /// holder identity: a lease it still holds is taken at once). One run
+    /// without a lock, as told, may go on without one.
+    async fn resume_cluster_lock(
+        &mut self,
+        record: &OpRecord,
+    ) -> Result<Option<super::cluster_lock::ClusterLockHold>, OpsError> {
+        use super::ClusterLockPolicy;
+        let policy = self.cluster_lock_policy;
+        if matches!(
+            record.cluster_lock,
+            Some(super::ClusterLockRecord::Without { .. })
+        ) && policy == ClusterLockPolicy::Required
+        {
+            self.cluster_lock_policy = ClusterLockPolicy::AllowWithout;
+        }
+        let taken = self.take_cluster_lock(&record.id).await;
+        self.cluster_lock_policy = policy;
+        taken
     }
 
     async fn drive(
@@ -191,7 +258,16 @@ impl Ops {
             });
             past_no_return |= typed_step.point_of_no_return();
             let mut resumed = Resumed::No;
-            let result = if in_flight && resuming {
+            // Fencing: the cluster lock is still this operation's. The
+            // second half of a unit goes with its first (nothing may come
+            // between a leave and its reset).
+            let fenced = match step.destructive && !bound {
+                true => self.fence(&id, index, &step.label()).await,
+                false => Ok(()),
+            };
+            let result = if let Err(lost) = fenced {
+                Err(lost)
+            } else if in_flight && resuming {
                 match self
                     .reconcile(&spec, typed_step, &mut facts, step.started.as_deref())
                     .await

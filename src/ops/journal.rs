@@ -91,6 +91,10 @@ pub struct StepRecord {
     pub duration_ms: Option<u64>,
     /// Its result or failure, in words.
     pub detail: Option<String>,
+    /// The fencing check made right before it (a destructive step of an
+    /// operation holding the cluster lock): the Lease still ours.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<super::Fence>,
     /// The typed step (format 2).
     #[serde(skip)]
     pub(crate) step: Option<Step>,
@@ -131,6 +135,10 @@ pub struct OpRecord {
     pub updated: String,
     /// Its steps, in order.
     pub steps: Vec<StepRecord>,
+    /// How it holds the cluster lock (none for an operation that changes
+    /// nothing, or one journaled before there was a cluster lock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_lock: Option<super::ClusterLockRecord>,
 }
 
 fn format_one() -> u32 {
@@ -219,6 +227,11 @@ CREATE TABLE IF NOT EXISTS steps (
   PRIMARY KEY (op_id, idx));
 ";
 
+/// Columns added within format 2 (an earlier version reading the journal
+/// ignores them): how each operation holds the cluster lock, and each
+/// destructive step's fencing check.
+const CLUSTER_LOCK_COLUMNS: &[(&str, &str)] = &[("operations", "cluster_lock"), ("steps", "fence")];
+
 /// From format 1: the record's format (1 for the rows already there), each
 /// step's node and typed step.
 const UPGRADE_TO_2: &str = "
@@ -282,6 +295,7 @@ impl Journal {
             .and_then(|()| conn.execute_batch(SCHEMA))
             .map_err(|e| corrupt_or(&path, e))?;
         upgrade(&conn, &path)?;
+        add_columns(&conn, &path)?;
         drop(setup);
         restrict(&path)?;
         Ok(Journal {
@@ -389,7 +403,7 @@ impl Journal {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(|e| self.err(e))?;
         tx.execute(
-            "INSERT INTO operations (id, kind, context, ca_fingerprint, params, facts, state, created, updated, format) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            "INSERT INTO operations (id, kind, context, ca_fingerprint, params, facts, state, created, updated, format, cluster_lock) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             params![
                 record.id,
                 record.kind,
@@ -400,7 +414,11 @@ impl Journal {
                 to_text(&record.state),
                 record.created,
                 record.updated,
-                FORMAT
+                FORMAT,
+                record
+                    .cluster_lock
+                    .as_ref()
+                    .and_then(|l| serde_json::to_string(l).ok())
             ],
         )
         .map_err(|e| self.err(e))?;
@@ -421,6 +439,38 @@ impl Journal {
             .map_err(|e| self.err(e))?;
         }
         tx.commit().map_err(|e| self.err(e))
+    }
+
+    /// Records how operation `id` holds the cluster lock (taken again on
+    /// resume).
+    pub(crate) fn set_cluster_lock(
+        &self,
+        id: &str,
+        lock: &super::ClusterLockRecord,
+    ) -> Result<(), OpsError> {
+        self.conn()
+            .execute(
+                "UPDATE operations SET cluster_lock = ?2 WHERE id = ?1",
+                params![id, serde_json::to_string(lock).ok()],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Records the fencing check made right before step `index`.
+    pub(crate) fn step_fenced(
+        &self,
+        id: &str,
+        index: usize,
+        fence: &super::Fence,
+    ) -> Result<(), OpsError> {
+        self.conn()
+            .execute(
+                "UPDATE steps SET fence = ?3 WHERE op_id = ?1 AND idx = ?2",
+                params![id, index, serde_json::to_string(fence).ok()],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
     }
 
     /// Marks step `index` started (before its call is sent).
@@ -572,7 +622,7 @@ impl Journal {
         let conn = self.conn();
         let op = conn
             .query_row(
-                "SELECT id, kind, context, ca_fingerprint, params, facts, state, created, updated, format FROM operations WHERE id = ?1",
+                "SELECT id, kind, context, ca_fingerprint, params, facts, state, created, updated, format, cluster_lock FROM operations WHERE id = ?1",
                 [id],
                 |r| {
                     Ok(OpRecord {
@@ -587,6 +637,9 @@ impl Journal {
                         updated: r.get(8)?,
                         format: r.get(9)?,
                         steps: Vec::new(),
+                        cluster_lock: r
+                            .get::<_, Option<String>>(10)?
+                            .and_then(|s| serde_json::from_str(&s).ok()),
                     })
                 },
             )
@@ -595,7 +648,7 @@ impl Journal {
         let Some(mut op) = op else { return Ok(None) };
         op.steps = conn
             .prepare(
-                "SELECT idx, name, description, destructive, state, started, finished, duration_ms, detail, node, step FROM steps WHERE op_id = ?1 ORDER BY idx",
+                "SELECT idx, name, description, destructive, state, started, finished, duration_ms, detail, node, step, fence FROM steps WHERE op_id = ?1 ORDER BY idx",
             )
             .and_then(|mut s| {
                 s.query_map([id], |r| {
@@ -612,6 +665,9 @@ impl Journal {
                         node: r.get(9)?,
                         step: r
                             .get::<_, Option<String>>(10)?
+                            .and_then(|s| serde_json::from_str(&s).ok()),
+                        fence: r
+                            .get::<_, Option<String>>(11)?
                             .and_then(|s| serde_json::from_str(&s).ok()),
                     })
                 })?
@@ -696,6 +752,24 @@ fn upgrade(conn: &Connection, path: &Path) -> Result<(), OpsError> {
             format: later,
         }),
     }
+}
+
+/// Adds the [`CLUSTER_LOCK_COLUMNS`] a journal lacks.
+fn add_columns(conn: &Connection, path: &Path) -> Result<(), OpsError> {
+    for (table, column) in CLUSTER_LOCK_COLUMNS {
+        let present: bool = conn
+            .query_row(
+                &format!("SELECT COUNT(*) > 0 FROM pragma_table_info('{table}') WHERE name = ?1"),
+                [column],
+                |r| r.get(0),
+            )
+            .map_err(|e| corrupt_or(path, e))?;
+        if !present {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} TEXT;"))
+                .map_err(|e| corrupt_or(path, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// How a step ended.

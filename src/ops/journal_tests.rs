@@ -30,9 +30,11 @@ fn record(id: &str, destructive: &[bool]) -> OpRecord {
                 finished: None,
                 duration_ms: None,
                 detail: None,
+                fence: None,
                 step: None,
             })
             .collect(),
+        cluster_lock: None,
     }
 }
 

@@ -38,6 +38,7 @@ mod apply_kube;
 mod apply_steps;
 mod apply_vip;
 mod cluster;
+mod cluster_lock;
 mod config_diff;
 mod defrag;
 mod drill;
@@ -75,6 +76,7 @@ use crate::Client;
 use crate::config::ResolvedContext;
 
 pub use apply::{ApplyFacts, ApplyPhase, ApplyStep};
+pub use cluster_lock::{ClusterLockPolicy, ClusterLockRecord, Fence, LEASE_NAME, LEASE_NAMESPACE};
 pub use config_diff::ConfigParseError;
 pub use defrag::{DefragFacts, DefragMember, DefragPhase, DefragStep};
 pub use drill::{DrillFacts, DrillStep};
@@ -95,7 +97,7 @@ pub use snapshot::{OffHost, SnapshotFacts, SnapshotStep, Tiers, held_snapshots};
 pub use spec::{
     ApplyOptions, DURATION_BOUNDS, DefragOptions, DrillOptions, JoinOptions, LeaseProbe,
     MaintenanceApply, MigrateOptions, OpKind, OpSpec, RestoreOptions, RetireOptions,
-    SnapshotOptions, UpgradeOptions,
+    SnapshotOptions, UpgradeOptions, duration_bounds,
 };
 pub use stop::{CancelRefused, StopHandle};
 pub use upgrade::{UpgradeFacts, UpgradeNode, UpgradePhase, UpgradeStep, image_release};
@@ -407,6 +409,10 @@ pub struct Ops {
     leave_timeouts: (std::time::Duration, std::time::Duration),
     /// Park or cancel requests from outside, checked at step boundaries.
     stop: StopHandle,
+    /// Whether plans and resumes take the cluster lock.
+    cluster_lock_policy: ClusterLockPolicy,
+    /// The cluster lock of the operation running, when held in a Lease.
+    cluster_lease: Option<Arc<crate::kube::HeldLease>>,
 }
 
 impl Ops {
@@ -437,7 +443,16 @@ impl Ops {
             snapshot_stall: Ops::DEFAULT_SNAPSHOT_STALL,
             leave_timeouts: (Ops::DEFAULT_LEAVE_DEADLINE, Ops::DEFAULT_LEAVE_SETTLE),
             stop: StopHandle::new(),
+            cluster_lock_policy: ClusterLockPolicy::default(),
+            cluster_lease: None,
         })
+    }
+
+    /// Whether [`Ops::plan`], [`Ops::run`] and [`Ops::resume`] take the
+    /// cluster lock of an operation that may change the cluster (default:
+    /// required, refusing where Kubernetes cannot be reached).
+    pub fn set_cluster_lock_policy(&mut self, policy: ClusterLockPolicy) {
+        self.cluster_lock_policy = policy;
     }
 
     /// Where snapshots go and how many are kept (0: all) when a spec does
@@ -542,6 +557,10 @@ impl Ops {
         let id = new_id();
         let lock = self.lock(&id)?;
         self.refuse_if_interrupted()?;
+        let cluster_lock = match spec.may_change_cluster() {
+            true => self.take_cluster_lock(&id).await?,
+            false => None,
+        };
         let mut plan = match spec {
             OpSpec::Snapshot(o) => self.plan_snapshot(o).await?,
             OpSpec::Retire(o) => self.plan_retire(o).await?,
@@ -555,6 +574,15 @@ impl Ops {
         };
         plan.id = id;
         plan.lock = Some(Arc::new(lock));
+        // After the fingerprint: the holder names this plan's id.
+        match &cluster_lock {
+            Some(hold) => plan.notes.push(format!("cluster lock: {}", hold.record)),
+            None if spec.may_change_cluster() => plan
+                .notes
+                .push("cluster lock: taken when the operation starts".into()),
+            None => {}
+        }
+        plan.cluster_lock = cluster_lock;
         Ok(plan)
     }
 

@@ -210,6 +210,10 @@ pub struct Plan {
     pub fingerprint: String,
     #[serde(skip)]
     pub(crate) lock: Option<Arc<ClusterLock>>,
+    /// The cluster lock, when taken (an operation that may change the
+    /// cluster).
+    #[serde(skip)]
+    pub(crate) cluster_lock: Option<super::cluster_lock::ClusterLockHold>,
 }
 
 impl Plan {
@@ -230,6 +234,7 @@ impl Plan {
             facts,
             fingerprint: String::new(),
             lock: None,
+            cluster_lock: None,
         };
         plan.fingerprint = plan.digest(basis);
         plan
@@ -268,5 +273,13 @@ impl Plan {
     /// after taking the lock again).
     pub fn release(&mut self) {
         self.lock = None;
+        self.cluster_lock = None;
+    }
+
+    /// How the plan holds the cluster lock: in the Lease, or without one
+    /// (as told); `None` when it holds none (it changes nothing, or it was
+    /// only planned to be shown).
+    pub fn cluster_lock(&self) -> Option<&super::ClusterLockRecord> {
+        self.cluster_lock.as_ref().map(|hold| &hold.record)
     }
 }

@@ -312,6 +312,25 @@ pub enum Refusal {
         /// The most it may be.
         max: std::time::Duration,
     },
+    /// The cluster lock (a Lease in the cluster's Kubernetes) cannot be
+    /// taken: Kubernetes cannot be reached.
+    #[error(
+        "the cluster lock (Lease kube-system/talos-client-operation) cannot be taken, so no other admin host would see this operation: {reason}"
+    )]
+    ClusterLockUnavailable {
+        /// Why.
+        reason: String,
+    },
+    /// An option's value cannot be used (a malformed URL, say).
+    #[error("{option} {value:?}: {reason}")]
+    BadOption {
+        /// The option (`lease_probe.server`, ...).
+        option: String,
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The snapshot to restore does not verify.
     #[error("{file} cannot be restored: {error}")]
     BadSnapshot {

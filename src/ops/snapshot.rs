@@ -647,6 +647,7 @@ mod tests {
                 created: now.clone(),
                 updated: now,
                 steps: Vec::new(),
+                cluster_lock: None,
             }
         };
         for op in [

@@ -158,7 +158,21 @@ pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
         Duration::from_secs(10),
         Duration::from_secs(4 * 3600),
     ),
+    (
+        "lease_probe_deadline",
+        Duration::from_millis(500),
+        Duration::from_secs(60),
+    ),
 ];
+
+/// The bounds `(min, max)` of the duration option `option` (its name in
+/// [`DURATION_BOUNDS`]), for a caller to check a value before it plans.
+pub fn duration_bounds(option: &str) -> Option<(Duration, Duration)> {
+    DURATION_BOUNDS
+        .iter()
+        .find(|(name, _, _)| *name == option)
+        .map(|(_, min, max)| (*min, *max))
+}
 
 impl OpSpec {
     /// Refuses a duration option outside its bounds (`DURATION_BOUNDS`).
@@ -167,12 +181,22 @@ impl OpSpec {
             OpSpec::Snapshot(_) | OpSpec::Drill(_) | OpSpec::Defrag(_) => Vec::new(),
             OpSpec::Restore(o) => vec![("rejoin_timeout", o.rejoin_timeout)],
             OpSpec::Upgrade(o) => vec![("reboot_timeout", o.reboot_timeout)],
-            OpSpec::Retire(o) => vec![("silence_timeout", o.silence_timeout)],
+            OpSpec::Retire(o) => {
+                check_probe(o.lease_probe.as_ref())?;
+                let mut d = vec![("silence_timeout", o.silence_timeout)];
+                d.extend(probe_deadline(o.lease_probe.as_ref()));
+                d
+            }
             OpSpec::Join(o) => vec![("timeout", o.timeout)],
-            OpSpec::Migrate(o) => vec![
-                ("join_timeout", o.join_timeout),
-                ("silence_timeout", o.silence_timeout),
-            ],
+            OpSpec::Migrate(o) => {
+                check_probe(o.lease_probe.as_ref())?;
+                let mut d = vec![
+                    ("join_timeout", o.join_timeout),
+                    ("silence_timeout", o.silence_timeout),
+                ];
+                d.extend(probe_deadline(o.lease_probe.as_ref()));
+                d
+            }
             OpSpec::Apply(o) => vec![
                 ("try_timeout", o.try_timeout),
                 ("reboot_timeout", o.reboot_timeout),
@@ -194,6 +218,32 @@ impl OpSpec {
         }
         Ok(())
     }
+}
+
+/// The lease probe's renew deadline, as a bounded duration.
+fn probe_deadline(probe: Option<&LeaseProbe>) -> Option<(&'static str, Duration)> {
+    probe.map(|p| ("lease_probe_deadline", p.renew_deadline))
+}
+
+/// Refuses a lease probe whose endpoint is not an `https://HOST[:PORT]`
+/// URL, or whose retry period is zero.
+fn check_probe(probe: Option<&LeaseProbe>) -> Result<(), super::Refusal> {
+    let Some(probe) = probe else { return Ok(()) };
+    crate::input::endpoint("lease_probe.server", &probe.server, &["https"]).map_err(|e| {
+        super::Refusal::BadOption {
+            option: e.what,
+            value: e.value,
+            reason: e.reason,
+        }
+    })?;
+    if probe.retry_period.is_zero() || probe.retry_period > probe.renew_deadline {
+        return Err(super::Refusal::BadOption {
+            option: "lease_probe.retry_period".into(),
+            value: crate::input::format_duration(probe.retry_period),
+            reason: "must be more than zero and at most the renew deadline".into(),
+        });
+    }
+    Ok(())
 }
 
 /// A [`std::time::Duration`] journaled as whole milliseconds.

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 use talos_client::ops::{
-    ApplyOptions, DefragOptions, JoinOptions, LeaseProbe, MachineRole, MaintenanceApply,
-    MigrateOptions, OpRecord, OpSpec, OpState, Plan, RetireOptions, SnapshotOptions, StepState,
-    UpgradeOptions,
+    ApplyOptions, ClusterLockRecord, DefragOptions, JoinOptions, LeaseProbe, MachineRole,
+    MaintenanceApply, MigrateOptions, OpRecord, OpSpec, OpState, Plan, RetireOptions,
+    SnapshotOptions, StepState, UpgradeOptions,
 };
 
 mod events;
@@ -50,9 +50,10 @@ pub fn refusal_status(refusal: &talos_client::ops::Refusal, message: String) -> 
     // Options that no cluster could make valid are malformed input; every
     // other refusal depends on the cluster as read.
     let mut status = match refusal {
-        Refusal::OutOfBounds { .. } | Refusal::BadThreshold { .. } | Refusal::PinsAndInsecure => {
-            tonic::Status::invalid_argument(message)
-        }
+        Refusal::OutOfBounds { .. }
+        | Refusal::BadOption { .. }
+        | Refusal::BadThreshold { .. }
+        | Refusal::PinsAndInsecure => tonic::Status::invalid_argument(message),
         _ => tonic::Status::failed_precondition(message),
     };
     if let Ok(json) = serde_json::to_vec(refusal) {
@@ -354,6 +355,11 @@ pub fn record_to_proto(record: &OpRecord, cluster: String, notes: Vec<String>) -
                 finished: s.finished.clone().unwrap_or_default(),
                 duration_ms: s.duration_ms.unwrap_or_default(),
                 detail: s.detail.clone().unwrap_or_default(),
+                fence: s.fence.as_ref().map(|f| proto::Fence {
+                    holder: f.holder.clone(),
+                    transitions: f.transitions,
+                    renewed: f.renewed.clone(),
+                }),
             })
             .collect(),
         params_json: record.params.to_string(),
@@ -361,6 +367,43 @@ pub fn record_to_proto(record: &OpRecord, cluster: String, notes: Vec<String>) -
         notes,
         ca_fingerprint: record.ca_fingerprint.clone(),
         format: record.format,
+        cluster_lock: record.cluster_lock.as_ref().map(lock_to_proto),
+    }
+}
+
+fn lock_to_proto(lock: &ClusterLockRecord) -> proto::ClusterLock {
+    match lock {
+        ClusterLockRecord::Held {
+            lease,
+            holder,
+            transitions,
+        } => proto::ClusterLock {
+            lease: lease.clone(),
+            holder: holder.clone(),
+            transitions: *transitions,
+            without: false,
+            reason: String::new(),
+        },
+        ClusterLockRecord::Without { reason } => proto::ClusterLock {
+            lease: format!(
+                "{}/{}",
+                talos_client::ops::LEASE_NAMESPACE,
+                talos_client::ops::LEASE_NAME
+            ),
+            holder: String::new(),
+            transitions: 0,
+            without: true,
+            reason: reason.clone(),
+        },
+    }
+}
+
+fn lock_from_proto(lock: proto::ClusterLock) -> serde_json::Value {
+    use serde_json::json;
+    if lock.without {
+        json!({"mode": "without", "reason": lock.reason})
+    } else {
+        json!({"mode": "held", "lease": lock.lease, "holder": lock.holder, "transitions": lock.transitions})
     }
 }
 
@@ -383,6 +426,9 @@ pub fn record_from_proto(op: proto::Operation) -> Result<OpRecord, ConvertError>
                 "finished": opt(&s.finished),
                 "duration_ms": ended.then_some(s.duration_ms),
                 "detail": opt(&s.detail),
+                "fence": s.fence.as_ref().map(|f| json!({
+                    "holder": f.holder, "transitions": f.transitions, "renewed": f.renewed,
+                })),
             })
         })
         .collect();
@@ -399,6 +445,7 @@ pub fn record_from_proto(op: proto::Operation) -> Result<OpRecord, ConvertError>
         "created": op.created,
         "updated": op.updated,
         "steps": steps,
+        "cluster_lock": op.cluster_lock.map(lock_from_proto),
     }))
     .map_err(|e| ConvertError::Invalid(format!("the daemon's operation record: {e}")))
 }

@@ -86,6 +86,12 @@ pub struct ClusterConfig {
     pub drills: Option<DrillSchedule>,
     /// Scheduled defragmentations; none when absent.
     pub defrag: Option<DefragSchedule>,
+    /// Scheduled operations that may change the cluster (a defragmentation)
+    /// go on with the state directory's lock alone where the cluster lock
+    /// cannot be taken because Kubernetes cannot be reached (a cluster
+    /// without Kubernetes); journaled and audited. Default false.
+    #[serde(default)]
+    pub without_cluster_lock: bool,
 }
 
 /// When and where to take a cluster's snapshots, and what to keep.
@@ -300,7 +306,7 @@ fn until_next(interval: Option<&HumanDuration>, cron: Option<&CronSchedule>) -> 
 }
 
 /// A duration written as a number and a unit: `500ms`, `30s`, `15m`, `6h`,
-/// `7d`.
+/// `1h30m`, `7d` ([`parse_duration`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HumanDuration(pub Duration);
 
@@ -318,53 +324,27 @@ impl<'de> Deserialize<'de> for HumanDuration {
 /// date and clock arithmetic.
 pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 86400);
 
-/// Parses `NUMBER UNIT` with unit `ms`, `s`, `m`, `h` or `d`; zero and
-/// anything above [`MAX_DURATION`] are refused.
+/// Parses a duration as the library's one parser reads it (Go's syntax,
+/// `1h30m`, `500ms`, and `d` for days: `7d`); zero and anything above
+/// [`MAX_DURATION`] are refused.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let d = parse_unbounded(text)?;
+    use talos_client::input::{Units, duration};
+    let text = text.trim();
+    let longer = || format!("{text:?} is longer than the maximum, 3650d");
+    let d = duration("duration", text, Units::WithDays).map_err(|e| {
+        if e.reason.starts_with("longer than") {
+            longer()
+        } else {
+            format!("{text:?}: {}", e.reason)
+        }
+    })?;
     if d > MAX_DURATION {
-        return Err(format!(
-            "{:?} is longer than the maximum, 3650d",
-            text.trim()
-        ));
+        return Err(longer());
+    }
+    if d.is_zero() {
+        return Err(format!("{text:?} is zero"));
     }
     Ok(d)
-}
-
-fn parse_unbounded(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("{text:?} has no unit (ms, s, m, h, d)"))?;
-    let (number, unit) = text.split_at(split);
-    // Too many digits for a u64 is too long, whatever the unit.
-    let too_long = || format!("{text:?} is longer than the maximum, 3650d");
-    if number.is_empty() {
-        return Err(format!("{text:?} does not start with a number"));
-    }
-    let n: u64 = number.parse().map_err(|_| too_long())?;
-    let scale = |factor: u64| n.checked_mul(factor).ok_or_else(too_long);
-    let seconds = match unit {
-        "ms" => return nonzero(Duration::from_millis(n), text),
-        "s" => n,
-        "m" => scale(60)?,
-        "h" => scale(3600)?,
-        "d" => scale(86400)?,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?} (ms, s, m, h, d)"
-            ));
-        }
-    };
-    nonzero(Duration::from_secs(seconds), text)
-}
-
-fn nonzero(d: Duration, text: &str) -> Result<Duration, String> {
-    if d.is_zero() {
-        Err(format!("{text:?} is zero"))
-    } else {
-        Ok(d)
-    }
 }
 
 /// A cluster ready to use: its configuration and its resolved context.

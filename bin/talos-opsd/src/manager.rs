@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use talos_client::Client;
 use talos_client::ops::{
-    Event, OpRecord, OpSpec, OpState, Ops, OpsError, Plan, Refusal, StopHandle, Unsaved,
+    ClusterLockPolicy, ClusterLockRecord, Event, OpRecord, OpSpec, OpState, Ops, OpsError, Plan,
+    Refusal, StopHandle, Unsaved,
 };
 use talos_opsd_api::{event_to_proto, state_name};
 use tokio::sync::{oneshot, watch};
@@ -198,7 +199,10 @@ impl Manager {
     pub async fn plan(&self, cluster: &str, spec: &OpSpec) -> Result<Plan, StartError> {
         let resolved = self.resolve(cluster)?;
         let spec = configured(&resolved, spec.clone());
-        let mut plan = self.open(&resolved)?.plan(&spec).await?;
+        // A plan only shown takes no cluster lock: a start takes it.
+        let mut ops = self.open(&resolved)?;
+        ops.set_cluster_lock_policy(ClusterLockPolicy::PlanOnly);
+        let mut plan = ops.plan(&spec).await?;
         plan.release();
         Ok(plan)
     }
@@ -322,18 +326,30 @@ impl Manager {
     /// Plans and starts `spec` on `cluster`; returns once it is journaled,
     /// with the preflight's notes. With `confirmed`, the plan made now must
     /// have that fingerprint (the one the caller showed and confirmed).
+    /// With `without_cluster_lock`, an operation goes on where Kubernetes
+    /// cannot hold the cluster lock (journaled, and audited here).
     pub async fn start(
         self: &Arc<Self>,
         cluster: &str,
         spec: OpSpec,
         confirmed: Option<String>,
+        without_cluster_lock: bool,
     ) -> Result<(OpRecord, Vec<String>), StartError> {
         let resolved = self.resolve(cluster)?;
         let spec = configured(&resolved, spec);
+        let policy = if without_cluster_lock {
+            ClusterLockPolicy::AllowWithout
+        } else {
+            ClusterLockPolicy::Required
+        };
         let (id, notes) = self
-            .spawn(resolved, Job::Run(Box::new(spec), confirmed))
+            .spawn(resolved, Job::Run(Box::new(spec), confirmed, policy))
             .await?;
-        Ok((self.journal()?.get(&id)?, notes))
+        let record = self.journal()?.get(&id)?;
+        if let Some(lock @ ClusterLockRecord::Without { .. }) = &record.cluster_lock {
+            tracing::warn!(target: "audit", op = %id, cluster = %cluster, "started without the cluster lock: {lock}");
+        }
+        Ok((record, notes))
     }
 
     /// Resumes interrupted operation `id` of `cluster` in the background.
@@ -384,10 +400,13 @@ impl Manager {
             };
             ops.set_stop(stop);
             let job = match job {
-                Job::Run(spec, confirmed) => match plan_matching(&ops, &spec, confirmed).await {
-                    Ok(plan) => Planned::Run(Box::new(plan)),
-                    Err(e) => return refuse(e),
-                },
+                Job::Run(spec, confirmed, policy) => {
+                    ops.set_cluster_lock_policy(policy);
+                    match plan_matching(&ops, &spec, confirmed).await {
+                        Ok(plan) => Planned::Run(Box::new(plan)),
+                        Err(e) => return refuse(e),
+                    }
+                }
                 Job::Resume(id) => Planned::Resume(id),
             };
             let notes = match &job {
@@ -604,7 +623,7 @@ pub fn retention_cutoff(now: time::OffsetDateTime, max_age: std::time::Duration)
 }
 
 enum Job {
-    Run(Box<OpSpec>, Option<String>),
+    Run(Box<OpSpec>, Option<String>, ClusterLockPolicy),
     Resume(String),
 }
 

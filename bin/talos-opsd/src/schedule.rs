@@ -113,7 +113,10 @@ fn later(from: tokio::time::Instant, by: Duration) -> tokio::time::Instant {
 
 async fn tick(manager: Arc<Manager>, cluster: String, spec: OpSpec) {
     let kind = spec.kind().name();
-    match manager.start(&cluster, spec, None).await {
+    let without_lock = manager
+        .cluster(&cluster)
+        .is_some_and(|c| c.config.without_cluster_lock);
+    match manager.start(&cluster, spec, None, without_lock).await {
         Ok((record, _)) => {
             tracing::info!(cluster, op = %record.id, kind, "scheduled operation started");
             // Wait for it, so ticks never pile up on one cluster.

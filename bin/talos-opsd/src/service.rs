@@ -214,10 +214,18 @@ impl proto::opsd_server::Opsd for Service {
         let result = async {
             let (spec, described) = spec_of(&request)?;
             what = format!("start {described}");
+            if request.without_cluster_lock {
+                what.push_str(" without the cluster lock where Kubernetes cannot hold it");
+            }
             let confirmed = Some(request.plan_fingerprint.clone()).filter(|f| !f.is_empty());
             let (record, notes) = self
                 .manager
-                .start(&request.cluster, spec, confirmed)
+                .start(
+                    &request.cluster,
+                    spec,
+                    confirmed,
+                    request.without_cluster_lock,
+                )
                 .await
                 .map_err(status_of_start)?;
             Ok(Response::new(self.record(&record, notes)))

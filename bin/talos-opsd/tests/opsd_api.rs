@@ -17,6 +17,7 @@ fn retire(node: &str) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Retire(proto::RetireParams {
             node: node.into(),
             ..Default::default()
@@ -28,6 +29,7 @@ fn snapshot(cluster: &str) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: cluster.into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
     }
 }
@@ -190,6 +192,7 @@ async fn one_operation_per_cluster_and_clusters_in_parallel() {
         .start_operation(proto::StartOperationRequest {
             cluster: "a".into(),
             plan_fingerprint: String::new(),
+            without_cluster_lock: true,
             kind: Some(Kind::Join(proto::JoinParams {
                 node: "cp-9".into(),
                 timeout_s: 120,

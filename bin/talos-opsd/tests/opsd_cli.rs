@@ -12,7 +12,7 @@ use talos_test_support::sim::SimCluster;
 
 async fn ops(tc: &Path, socket: &Path, args: &[&str]) -> Run {
     let mut cmd = command(tc);
-    cmd.args(["-o", "json", "ops"])
+    cmd.args(["-o", "json", "ops", "--without-cluster-lock"])
         .env("TALOS_OPSD_SOCKET", socket)
         .args(args);
     let out = tokio::task::spawn_blocking(move || cmd.output())
@@ -268,13 +268,19 @@ async fn a_join_through_the_daemon_on_a_terminal_shows_the_plan_and_asks() {
     let join = |answer: &'static [u8]| {
         let (controller, terminal) = openpty();
         let mut cmd = command(&tc);
-        cmd.args(["ops", "join", &new.api, "--config"])
-            .arg(&config)
-            .args(["--cert-fingerprint", &fingerprint])
-            .env("TALOS_OPSD_SOCKET", &d.socket)
-            .stdin(Stdio::from(terminal.try_clone().unwrap()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(terminal));
+        cmd.args([
+            "ops",
+            "--without-cluster-lock",
+            "join",
+            &new.api,
+            "--config",
+        ])
+        .arg(&config)
+        .args(["--cert-fingerprint", &fingerprint])
+        .env("TALOS_OPSD_SOCKET", &d.socket)
+        .stdin(Stdio::from(terminal.try_clone().unwrap()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(terminal));
         let mut child = cmd.spawn().unwrap();
         let controller = std::fs::File::from(controller);
         let mut typing = controller.try_clone().unwrap();

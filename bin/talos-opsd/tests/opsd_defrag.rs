@@ -18,6 +18,7 @@ async fn a_defrag_through_the_api_is_watched_member_by_member() {
     let request = proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Defrag(proto::DefragParams {
             all: true,
             ..Default::default()
@@ -33,6 +34,7 @@ async fn a_defrag_through_the_api_is_watched_member_by_member() {
     let id = client
         .start_operation(proto::StartOperationRequest {
             plan_fingerprint: plan.fingerprint.clone(),
+            without_cluster_lock: true,
             ..request
         })
         .await
@@ -89,7 +91,8 @@ async fn a_scheduled_defrag_gives_space_back_and_shows_it_in_the_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let tc = sim.dir.path().join("talosconfig");
     let port = daemon::free_port();
-    let extra = "[cluster.defrag]\ninterval = \"1s\"\nthreshold = 0.9\n";
+    let extra =
+        "without_cluster_lock = true\n[cluster.defrag]\ninterval = \"1s\"\nthreshold = 0.9\n";
     let d = Daemon::start_with(
         dir.path(),
         &cluster_toml("a", &tc, extra),

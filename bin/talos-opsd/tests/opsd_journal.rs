@@ -21,6 +21,7 @@ fn snapshot() -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
     }
 }
@@ -296,6 +297,7 @@ async fn a_journal_that_fails_after_the_leave_does_not_hold_back_the_reset() {
         .start_operation(proto::StartOperationRequest {
             cluster: "a".into(),
             plan_fingerprint: String::new(),
+            without_cluster_lock: true,
             kind: Some(Kind::Retire(proto::RetireParams {
                 node: target.clone(),
                 ..Default::default()

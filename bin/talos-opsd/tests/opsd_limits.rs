@@ -110,6 +110,7 @@ fn snapshot_on(cluster: &str) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: cluster.into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
     }
 }
@@ -380,6 +381,7 @@ async fn extreme_numbers_are_refused_by_name_and_nothing_panics() {
     let on_a = |kind: Kind| proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(kind),
     };
     let max = u32::MAX;

@@ -56,6 +56,7 @@ fn snapshot() -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
     }
 }

@@ -15,6 +15,7 @@ fn retire(node: &str) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Retire(proto::RetireParams {
             node: node.into(),
             ..Default::default()
@@ -257,6 +258,7 @@ async fn an_apply_killed_during_its_try_is_left_for_a_person() {
         .start_operation(proto::StartOperationRequest {
             cluster: "a".into(),
             plan_fingerprint: String::new(),
+            without_cluster_lock: true,
             kind: Some(Kind::Apply(proto::ApplyParams {
                 nodes: vec![node.clone()],
                 config_path: file.display().to_string(),
@@ -296,6 +298,7 @@ async fn an_apply_killed_during_its_try_is_left_for_a_person() {
         .start_operation(proto::StartOperationRequest {
             cluster: "a".into(),
             plan_fingerprint: String::new(),
+            without_cluster_lock: true,
             kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
         })
         .await

@@ -13,6 +13,7 @@ fn start(kind: Kind) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(kind),
     }
 }

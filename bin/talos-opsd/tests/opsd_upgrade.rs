@@ -29,6 +29,7 @@ async fn an_upgrade_through_the_api_is_planned_watched_and_measured() {
     let request = proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Upgrade(proto::UpgradeParams {
             image: "ghcr.io/siderolabs/installer:v1.14.0".into(),
             ..Default::default()
@@ -57,6 +58,7 @@ async fn an_upgrade_through_the_api_is_planned_watched_and_measured() {
     let id = client
         .start_operation(proto::StartOperationRequest {
             plan_fingerprint: plan.fingerprint.clone(),
+            without_cluster_lock: true,
             ..request
         })
         .await

@@ -445,6 +445,11 @@ impl MachineService for Machined {
     ) -> Result<Response<BoxStream<common::Data>>, Status> {
         authorize(&request, "Kubeconfig")?;
         self.node.check_controlplane("kubeconfig")?;
+        if self.node.kubeconfig_withheld() {
+            return Err(Status::unknown(
+                "failed to generate admin kubeconfig: the cluster CA is not available",
+            ));
+        }
         let config = self.node.config.lock().expect("config lock").active.clone();
         let archive = crate::kubeconfig::archive(&config)?;
         let data = common::Data {

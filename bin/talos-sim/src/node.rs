@@ -154,6 +154,8 @@ pub struct Node {
     unanswered: std::sync::atomic::AtomicU64,
     /// A delay armed for the next EtcdLeaveCluster.
     leave_delay: Mutex<Option<std::time::Duration>>,
+    /// Whether Kubeconfig fails, as when machined cannot generate it.
+    kubeconfig_withheld: std::sync::atomic::AtomicBool,
     /// Power actions the API's handlers queued for the node's supervisor.
     actions: tokio::sync::mpsc::UnboundedSender<Action>,
     /// The other end, until the supervisor takes it.
@@ -266,6 +268,7 @@ impl Node {
             blackhole: Mutex::new(None),
             unanswered: std::sync::atomic::AtomicU64::new(0),
             leave_delay: Mutex::new(None),
+            kubeconfig_withheld: std::sync::atomic::AtomicBool::new(false),
             actions,
             queued: Mutex::new(Some(queued)),
         };
@@ -623,6 +626,19 @@ impl Node {
 
     pub(crate) fn take_leave_delay(&self) -> Option<std::time::Duration> {
         self.leave_delay.lock().expect("fault lock").take()
+    }
+
+    /// Makes Kubeconfig fail (`withheld`) or answer again: what machined
+    /// answers when it cannot generate the admin kubeconfig
+    /// (`kubeconfig.GenerateAdmin` failing), while the API server runs on.
+    pub fn withhold_kubeconfig(&self, withheld: bool) {
+        self.kubeconfig_withheld
+            .store(withheld, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn kubeconfig_withheld(&self) -> bool {
+        self.kubeconfig_withheld
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Whether the node's API is cut off by a partition.

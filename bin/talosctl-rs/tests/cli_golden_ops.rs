@@ -33,6 +33,7 @@ async fn check(f: &Fixture, name: &str, args: &[&str], mismatches: &mut Vec<Stri
         &f.talosconfig(),
         &[
             "ops",
+            "--without-cluster-lock",
             "--state-dir",
             f.state.path().to_str().unwrap(),
             "show",
@@ -260,6 +261,7 @@ async fn check_apply(f: &Fixture, args: &[&str], mismatches: &mut Vec<String>) {
         argv.extend_from_slice(nodes);
         argv.extend([
             "ops",
+            "--without-cluster-lock",
             "--state-dir",
             f.state.path().to_str().unwrap(),
             extra,
@@ -281,6 +283,7 @@ async fn check_apply(f: &Fixture, args: &[&str], mismatches: &mut Vec<String>) {
         &tc,
         &[
             "ops",
+            "--without-cluster-lock",
             "--state-dir",
             f.state.path().to_str().unwrap(),
             "show",

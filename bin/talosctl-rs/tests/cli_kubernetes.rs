@@ -18,25 +18,7 @@ mod ops_fixture;
 use ops_fixture::Fixture;
 use talos_client::kube::{KubeClient, KubeConfig, LeaseRenewer, LeaseRenewerOptions, RenewalStats};
 use talos_test_support::cli::Run;
-use talos_test_support::sim::{SimCluster, kube_apiserver_binary, timing_divisor, wait_for};
-
-impl Fixture {
-    async fn with_kubernetes(nodes: usize) -> Fixture {
-        Fixture::with_kubernetes_and(nodes, |_| {}).await
-    }
-
-    async fn with_kubernetes_and(
-        nodes: usize,
-        tweak: impl FnOnce(&mut talos_sim::SimConfig),
-    ) -> Fixture {
-        let f = Fixture {
-            sim: SimCluster::start_with_kubernetes_and(nodes, tweak).await,
-            state: tempfile::tempdir().unwrap(),
-        };
-        f.sim.wait_kubernetes_ready(nodes).await;
-        f
-    }
-}
+use talos_test_support::sim::{kube_apiserver_binary, timing_divisor, wait_for};
 
 #[tokio::test]
 async fn kubernetes_an_unpinned_endpoint_change_fails_the_token_check_and_rolls_back() {
@@ -66,6 +48,8 @@ async fn kubernetes_an_unpinned_endpoint_change_fails_the_token_check_and_rolls_
         &run,
         &[
             "rejects the service-account token minted before the change (401 Unauthorized)",
+            "a definitive answer",
+            "the gate ends at once",
             "rolled back to its previous configuration (verified)",
         ],
     );
@@ -604,7 +588,7 @@ async fn kubernetes_health_and_apply_wait_for_or_refuse_a_frozen_api_server() {
     assert_eq!(run.code, 1, "{}", run.stderr);
     for expected in [
         "API server cannot be checked before the change",
-        "nothing was sent (--kube-check=false applies without the Kubernetes check)",
+        "nothing was sent (--skip-kube-check applies without the Kubernetes check)",
     ] {
         assert!(
             run.stderr.contains(expected),

@@ -258,7 +258,7 @@ async fn one_operation_per_cluster() {
     let tc = f.talosconfig();
     let mut waiting = command(&tc);
     waiting
-        .args(["ops", "--state-dir"])
+        .args(["ops", "--without-cluster-lock", "--state-dir"])
         .arg(f.state.path())
         .args(["join", "cp-9", "--timeout", "60s"]);
     let mut child = waiting

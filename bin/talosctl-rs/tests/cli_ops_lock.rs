@@ -21,7 +21,7 @@ async fn a_second_operation_is_refused_while_the_first_waits_at_its_prompt() {
     let (controller, terminal) = openpty();
     let mut first = command(&f.talosconfig());
     first
-        .args(["ops", "--state-dir"])
+        .args(["ops", "--without-cluster-lock", "--state-dir"])
         .arg(f.state.path())
         .args(["retire", "cp-3"])
         .stdin(Stdio::from(terminal.try_clone().unwrap()))

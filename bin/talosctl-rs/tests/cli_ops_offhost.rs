@@ -18,7 +18,7 @@ use s3::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY};
 
 async fn snapshot_to(f: &Fixture, server: &S3Server, extra: &[&str]) -> Run {
     let mut cmd = command(&f.talosconfig());
-    cmd.args(["-o", "json", "ops", "--state-dir"])
+    cmd.args(["-o", "json", "ops", "--without-cluster-lock", "--state-dir"])
         .arg(f.state.path())
         .args(["snapshot", "--to", &format!("s3://{BUCKET}/prod")])
         .args(extra)
@@ -93,7 +93,7 @@ async fn bad_off_host_settings_are_refused_before_anything_is_sent() {
     // same way, and nothing is written.
     let local = f.state.path().join("local");
     let mut cmd = command(&f.talosconfig());
-    cmd.args(["ops", "--state-dir"])
+    cmd.args(["ops", "--without-cluster-lock", "--state-dir"])
         .arg(f.state.path())
         .args(["snapshot", "--to"])
         .arg(&local)
@@ -133,7 +133,7 @@ async fn an_encrypted_snapshot_in_a_directory_is_the_same_object_set() {
     let dir = f.state.path().join("backups");
     let run = |args: Vec<String>| {
         let mut cmd = command(&f.talosconfig());
-        cmd.args(["-o", "json", "ops", "--state-dir"])
+        cmd.args(["-o", "json", "ops", "--without-cluster-lock", "--state-dir"])
             .arg(f.state.path())
             .args(args);
         async move {
@@ -235,7 +235,7 @@ async fn an_encrypted_snapshot_in_a_directory_is_the_same_object_set() {
 
 async fn ops_in(f: &Fixture, server: &S3Server, args: &[&str]) -> Run {
     let mut cmd = command(&f.talosconfig());
-    cmd.args(["-o", "json", "ops", "--state-dir"])
+    cmd.args(["-o", "json", "ops", "--without-cluster-lock", "--state-dir"])
         .arg(f.state.path())
         .args(args)
         .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
@@ -559,7 +559,7 @@ async fn a_restore_from_the_store_brings_the_backup_back() {
 /// endpoint must come from flags.
 async fn ops_with_flags_only(f: &Fixture, args: &[&str]) -> Run {
     let mut cmd = command(&f.talosconfig());
-    cmd.args(["-o", "json", "ops", "--state-dir"])
+    cmd.args(["-o", "json", "ops", "--without-cluster-lock", "--state-dir"])
         .arg(f.state.path())
         .args(args)
         .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
@@ -639,13 +639,9 @@ async fn the_endpoint_and_region_can_be_given_as_flags() {
     // Without the flags and without the environment, the store is not
     // reached at all (AWS's endpoint is not tried from a test).
     let mut cmd = command(&f.talosconfig());
-    cmd.args(["ops", "--state-dir"]).arg(f.state.path()).args([
-        "drill",
-        "--from",
-        &to,
-        "--s3-endpoint",
-        "ftp://x",
-    ]);
+    cmd.args(["ops", "--without-cluster-lock", "--state-dir"])
+        .arg(f.state.path())
+        .args(["drill", "--from", &to, "--s3-endpoint", "ftp://x"]);
     let out = tokio::task::spawn_blocking(move || cmd.output())
         .await
         .unwrap()

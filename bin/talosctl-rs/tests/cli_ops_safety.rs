@@ -394,7 +394,7 @@ async fn a_resumed_reset_waits_out_a_partition_then_resets() {
     assert!(f.sim.cluster.partition(&target).await.unwrap());
     // The resume runs with its progress read line by line as it comes.
     let mut cmd = talos_test_support::cli::command(&f.talosconfig());
-    cmd.args(["-o", "json", "ops", "--state-dir"])
+    cmd.args(["-o", "json", "ops", "--without-cluster-lock", "--state-dir"])
         .arg(f.state.path())
         .args(["resume", &id])
         .stdout(std::process::Stdio::piped())

@@ -39,39 +39,12 @@ fn parse_mode(value: &str) -> Result<ApplyMode, String> {
         .map_err(|e: talos_client::client::UnknownVariant| e.to_string())
 }
 
-/// Parses a Go duration (`1m`, `30s`, `1m30s`, `1.5s`, `500ms`, `2h`).
+/// Parses a Go duration (`1m`, `30s`, `1m30s`, `1.5s`, `500ms`, `2h`), as
+/// talosctl's duration flags take it, through the library's one parser:
+/// overflow and negative durations are refused (clap names the flag).
 pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {text:?} (examples: 30s, 1m, 1m30s, 500ms)");
-    let mut rest = text.trim();
-    if rest == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        let value: f64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(bad()),
-        };
-        total += value * seconds;
-        rest = &rest[unit_len..];
-    }
-    Ok(Duration::from_secs_f64(total))
+    talos_client::input::duration("duration", text, talos_client::input::Units::Go)
+        .map_err(|e| e.reason)
 }
 
 pub async fn run(global: &Global, args: ApplyArgs) -> anyhow::Result<()> {
@@ -198,5 +171,7 @@ mod tests {
         );
         assert!(parse_go_duration("10").is_err());
         assert!(parse_go_duration("1x").is_err());
+        let e = parse_go_duration("99999999999999999999s").unwrap_err();
+        assert!(e.contains("longer than any duration"), "{e}");
     }
 }

@@ -16,6 +16,41 @@ use talos_opsd_api::{PlanView, default_state_dir};
 
 use super::Global;
 use super::apply::parse_go_duration;
+
+/// A parser for the duration flag of the operations' option `option`:
+/// Go's syntax, within the library's bounds for it (clap names the flag).
+fn bounded(option: &'static str) -> impl Fn(&str) -> Result<Duration, String> + Clone {
+    move |text| {
+        let value = parse_go_duration(text)?;
+        if let Some((min, max)) = talos_client::ops::duration_bounds(option) {
+            talos_client::input::within(option, value, min, max).map_err(|e| e.reason)?;
+        }
+        Ok(value)
+    }
+}
+
+/// `--lease-probe`: an `https://HOST[:PORT]` URL.
+fn probe_url(text: &str) -> Result<String, String> {
+    talos_client::input::endpoint("--lease-probe", text, &["https"])
+        .map(|e| e.url())
+        .map_err(|e| e.reason)
+}
+
+/// `--s3-endpoint`: an `http(s)://HOST[:PORT]` URL.
+fn s3_url(text: &str) -> Result<String, String> {
+    talos_client::input::endpoint("--s3-endpoint", text, &["http", "https"])
+        .map(|e| e.url())
+        .map_err(|e| e.reason)
+}
+
+/// `--threshold`: a share in (0, 1].
+fn share(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| "not a number: a share in (0, 1]".to_string())?;
+    talos_client::input::share("--threshold", value).map_err(|e| e.reason)
+}
 use super::ops_output::{confirm, list, print_plan, progress, report, show_plan};
 
 #[derive(clap::Args)]
@@ -38,6 +73,13 @@ pub struct OpsArgs {
     /// Run in this process even when a daemon socket is given.
     #[arg(long, global = true)]
     pub local: bool,
+    /// Go on with this host's lock alone where the cluster lock (the
+    /// Lease kube-system/talos-client-operation, which every admin host
+    /// sees) cannot be taken because Kubernetes cannot be reached (quorum
+    /// lost, a restore, a cluster without Kubernetes); journaled. Where it
+    /// can be taken, it is.
+    #[arg(long, global = true)]
+    pub without_cluster_lock: bool,
     #[command(subcommand)]
     pub command: OpsCommand,
 }
@@ -50,7 +92,7 @@ pub struct LeaseProbeArgs {
     /// talos-sim a node's KubePrism) while the node is handed over, and
     /// report the renewals that failed, as a leader-elected controller
     /// behind it would see them.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = probe_url)]
     lease_probe: Option<String>,
     /// The name the lease probe endpoint's certificate is checked
     /// against (e.g. localhost for a KubePrism).
@@ -58,7 +100,7 @@ pub struct LeaseProbeArgs {
     lease_probe_tls_server_name: Option<String>,
     /// The lease probe's renew deadline (default 10s, client-go's); it
     /// renews every fifth of it.
-    #[arg(long, value_parser = parse_go_duration, requires = "lease_probe")]
+    #[arg(long, value_parser = bounded("lease_probe_deadline"), requires = "lease_probe")]
     lease_probe_deadline: Option<Duration>,
 }
 
@@ -115,7 +157,7 @@ pub struct S3Flags {
     s3_region: Option<String>,
     /// The S3 endpoint URL, e.g. http://10.0.0.5:8333 (default:
     /// AWS_ENDPOINT_URL, else AWS's for the region).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = s3_url)]
     s3_endpoint: Option<String>,
 }
 
@@ -183,7 +225,7 @@ pub enum OpsCommand {
         #[arg(long)]
         snapshot_dir: Option<PathBuf>,
         /// How long to wait for the node to go silent (default 2m).
-        #[arg(long, value_parser = parse_go_duration)]
+        #[arg(long, value_parser = bounded("silence_timeout"))]
         timeout: Option<Duration>,
         #[command(flatten)]
         lease_probe: LeaseProbeArgs,
@@ -195,7 +237,7 @@ pub enum OpsCommand {
         /// on another port).
         node: String,
         /// How long to wait (default 10m).
-        #[arg(long, value_parser = parse_go_duration)]
+        #[arg(long, value_parser = bounded("timeout"))]
         timeout: Option<Duration>,
         #[command(flatten)]
         maintenance: MaintenanceArgs,
@@ -212,7 +254,7 @@ pub enum OpsCommand {
         #[command(flatten)]
         maintenance: MaintenanceArgs,
         /// How long NEW may take to become a healthy voter (default 10m).
-        #[arg(long, value_parser = parse_go_duration)]
+        #[arg(long, value_parser = bounded("join_timeout"))]
         join_timeout: Option<Duration>,
         /// A system label to wipe on OLD (repeatable; default STATE and
         /// EPHEMERAL).
@@ -222,7 +264,7 @@ pub enum OpsCommand {
         #[arg(long)]
         snapshot_dir: Option<PathBuf>,
         /// How long to wait for OLD to go silent (default 2m).
-        #[arg(long, value_parser = parse_go_duration)]
+        #[arg(long, value_parser = bounded("silence_timeout"))]
         timeout: Option<Duration>,
         #[command(flatten)]
         lease_probe: LeaseProbeArgs,
@@ -233,7 +275,7 @@ pub enum OpsCommand {
     Defrag {
         /// Defragment a member when the share of its database in use is
         /// below this.
-        #[arg(long, default_value_t = DefragOptions::DEFAULT_THRESHOLD)]
+        #[arg(long, default_value_t = DefragOptions::DEFAULT_THRESHOLD, value_parser = share)]
         threshold: f64,
         /// Defragment every member considered, whatever its share in use.
         #[arg(long)]
@@ -265,7 +307,7 @@ pub enum OpsCommand {
         allow_downgrade: bool,
         /// How long each node may take to come back and pass its gate
         /// (default 15m).
-        #[arg(long, value_parser = parse_go_duration)]
+        #[arg(long, value_parser = bounded("reboot_timeout"))]
         reboot_timeout: Option<Duration>,
     },
     /// Bring a cluster that lost etcd's quorum back from a snapshot, onto
@@ -289,7 +331,7 @@ pub enum OpsCommand {
         node: String,
         /// How long the other control-plane nodes may take to rejoin
         /// (default 10m).
-        #[arg(long, value_parser = parse_go_duration)]
+        #[arg(long, value_parser = bounded("rejoin_timeout"))]
         rejoin_timeout: Option<Duration>,
     },
     /// Prove that a stored backup restores: fetch, decrypt, verify,
@@ -330,11 +372,11 @@ pub enum OpsCommand {
         allow_reboot: bool,
         /// The try window: the node rolls back after it unless confirmed
         /// (default 2m).
-        #[arg(long, value_parser = parse_go_duration)]
+        #[arg(long, value_parser = bounded("try_timeout"))]
         try_timeout: Option<Duration>,
         /// How long a node may take to come back from a reboot (default
         /// 10m).
-        #[arg(long, value_parser = parse_go_duration)]
+        #[arg(long, value_parser = bounded("reboot_timeout"))]
         reboot_timeout: Option<Duration>,
         /// A command (run with sh -c, TALOS_NODE set) that must exit 0 for
         /// the health gate to pass.
@@ -346,12 +388,16 @@ pub enum OpsCommand {
         /// --vip-check=false turns it off).
         #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
         vip_check: Option<bool>,
-        /// On a control-plane node whose Kubernetes API server is ready,
-        /// mint a service-account token before the change; the gate then
-        /// requires the API server ready and the token still accepted
-        /// (default true; --kube-check=false turns it off).
+        /// On a control-plane node, mint a service-account token before the
+        /// change; the gate then requires the API server ready and the
+        /// token still accepted (default true). Kubernetes that is there
+        /// but cannot be checked refuses the apply.
         #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
         kube_check: Option<bool>,
+        /// Apply without the Kubernetes check (journaled with the
+        /// operation): what --kube-check=false does.
+        #[arg(long, conflicts_with = "kube_check")]
+        skip_kube_check: bool,
     },
     /// List this cluster's operations.
     List,
@@ -478,6 +524,7 @@ impl OpsCommand {
                 check,
                 vip_check,
                 kube_check,
+                skip_kube_check,
             } => {
                 let path = std::path::absolute(file).unwrap_or_else(|_| file.clone());
                 let mut o = ApplyOptions::new(nodes, path);
@@ -492,6 +539,9 @@ impl OpsCommand {
                 }
                 if let Some(on) = kube_check {
                     o.kube_check = *on;
+                }
+                if *skip_kube_check {
+                    o.kube_check = false;
                 }
                 OpSpec::Apply(o)
             }
@@ -580,6 +630,9 @@ pub async fn run(global: &Global, args: OpsArgs) -> anyhow::Result<()> {
     let context = global.resolve()?;
     let (client, nodes) = global.connect()?;
     let mut ops = Ops::open(&context, client, &state_dir)?;
+    if args.without_cluster_lock {
+        ops.set_cluster_lock_policy(talos_client::ops::ClusterLockPolicy::AllowWithout);
+    }
     // A defragmentation covers every voter unless -n names some: the
     // talosconfig's default nodes do not narrow it.
     let nodes = match args.command {

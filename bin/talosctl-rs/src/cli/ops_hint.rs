@@ -74,6 +74,9 @@ fn refusal_hint(refusal: &Refusal) -> Option<&'static str> {
         }
         Refusal::MembershipUnknown { .. } => "pass --force to reset anyway",
         Refusal::PlanChanged { .. } => "run the command again to see the new plan",
+        Refusal::ClusterLockUnavailable { .. } => {
+            "pass --without-cluster-lock to go on with this host's lock alone (journaled), once you know no other admin host runs an operation on this cluster"
+        }
         Refusal::OutOfBounds { .. } => {
             "give the timeout within the bounds (e.g. --timeout 10m, --try-timeout 2m)"
         }

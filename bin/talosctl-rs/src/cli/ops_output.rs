@@ -129,6 +129,9 @@ pub(super) fn report(global: &Global, record: &OpRecord) -> anyhow::Result<()> {
         record.state,
         record.context
     );
+    if let Some(lock) = &record.cluster_lock {
+        outln!("cluster lock: {lock}");
+    }
     for step in &record.steps {
         let took = step
             .duration_ms
@@ -144,6 +147,14 @@ pub(super) fn report(global: &Global, record: &OpRecord) -> anyhow::Result<()> {
                 .map(|d| format!(": {d}"))
                 .unwrap_or_default()
         );
+        if let Some(fence) = &step.fence {
+            outln!(
+                "     fenced: the cluster lock held by {} (transition {}), renewed {}",
+                fence.holder,
+                fence.transitions,
+                fence.renewed
+            );
+        }
     }
     if let Some(gap) = record
         .facts
@@ -166,19 +177,32 @@ pub(super) fn list(global: &Global, records: Vec<OpRecord>) -> anyhow::Result<()
     if global.output != Output::Table {
         return print_structured(global.output, &records);
     }
-    let mut table = super::table::Table::new(&["ID", "KIND", "STATE", "CREATED", "AT STEP"]);
+    let mut table = super::table::Table::new(&[
+        "ID",
+        "KIND",
+        "STATE",
+        "CREATED",
+        "AT STEP",
+        "CLUSTER LOCK HOLDER",
+    ]);
     for r in records {
         let at = r
             .in_flight()
             .or_else(|| r.steps.iter().find(|s| s.state == StepState::Failed))
             .map(|s| s.label())
             .unwrap_or_default();
+        let holder = match &r.cluster_lock {
+            Some(talos_client::ops::ClusterLockRecord::Held { holder, .. }) => holder.clone(),
+            Some(_) => "none (--without-cluster-lock)".into(),
+            None => String::new(),
+        };
         table.row(vec![
             r.id.clone(),
             r.kind.clone(),
             format!("{:?}", r.state),
             r.created.clone(),
             at,
+            holder,
         ]);
     }
     out!("{}", table.render());

@@ -66,6 +66,7 @@ pub async fn dispatch(global: &Global, args: &OpsArgs) -> anyhow::Result<bool> {
         cluster,
         kind: Some(kind),
         plan_fingerprint: String::new(),
+        without_cluster_lock: args.without_cluster_lock,
     };
     let plan = PlanView::from(
         client

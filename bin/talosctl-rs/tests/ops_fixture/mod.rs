@@ -32,6 +32,26 @@ impl Fixture {
         }
     }
 
+    /// A fixture whose control-plane nodes run a real kube-apiserver,
+    /// ready on each of the `nodes`.
+    pub async fn with_kubernetes(nodes: usize) -> Fixture {
+        Fixture::with_kubernetes_and(nodes, |_| {}).await
+    }
+
+    /// As [`Fixture::with_kubernetes`], the simulator's configuration
+    /// changed by `tweak` first.
+    pub async fn with_kubernetes_and(
+        nodes: usize,
+        tweak: impl FnOnce(&mut talos_sim::SimConfig),
+    ) -> Fixture {
+        let f = Fixture {
+            sim: SimCluster::start_with_kubernetes_and(nodes, tweak).await,
+            state: tempfile::tempdir().unwrap(),
+        };
+        f.sim.wait_kubernetes_ready(nodes).await;
+        f
+    }
+
     /// The simulator's machine configuration with each `(from, to)`
     /// replaced, written to `name` in the state directory.
     pub fn config_with(&self, name: &str, edits: &[(&str, &str)]) -> PathBuf {
@@ -54,7 +74,17 @@ impl Fixture {
         self.ops_with(&self.talosconfig(), args, None).await
     }
 
+    /// `ops ARGS` with `--without-cluster-lock`: most of the simulated
+    /// clusters run no Kubernetes to hold the cluster lock (where one does,
+    /// the lock is taken all the same).
     pub async fn ops_with(&self, tc: &Path, args: &[&str], crash: Option<&str>) -> Run {
+        let mut all = vec!["--without-cluster-lock"];
+        all.extend_from_slice(args);
+        self.ops_locked(tc, &all, crash).await
+    }
+
+    /// `ops ARGS` as given: the cluster lock is required unless ARGS say.
+    pub async fn ops_locked(&self, tc: &Path, args: &[&str], crash: Option<&str>) -> Run {
         let mut cmd = command(tc);
         cmd.args(["-o", "json", "ops"])
             .arg("--state-dir")
@@ -88,7 +118,9 @@ impl Fixture {
         let config = TalosConfig::read(&path).unwrap();
         let context = config.resolve(&Overrides::default(), &path).unwrap();
         let client = talos_client::Client::from_context(&context).unwrap();
-        talos_client::ops::Ops::open(&context, client, self.state.path()).unwrap()
+        let mut ops = talos_client::ops::Ops::open(&context, client, self.state.path()).unwrap();
+        ops.set_cluster_lock_policy(talos_client::ops::ClusterLockPolicy::AllowWithout);
+        ops
     }
 
     /// A retire of node 2 planned (the cluster's lock held by the plan),

@@ -81,7 +81,11 @@ fn expected_tables() -> Vec<(&'static str, String)> {
                     short(RetireOptions::DEFAULT_SILENCE_TIMEOUT),
                     bounds("silence_timeout"),
                 ),
-                ("`--lease-probe-deadline`", probe.clone(), String::new()),
+                (
+                    "`--lease-probe-deadline`",
+                    probe.clone(),
+                    bounds("lease_probe_deadline"),
+                ),
                 (
                     "`Ops::set_snapshot_stall` (library)",
                     short(Ops::DEFAULT_SNAPSHOT_STALL),
@@ -112,7 +116,11 @@ fn expected_tables() -> Vec<(&'static str, String)> {
                     short(migrate.silence_timeout),
                     bounds("silence_timeout"),
                 ),
-                ("`--lease-probe-deadline`", probe, String::new()),
+                (
+                    "`--lease-probe-deadline`",
+                    probe,
+                    bounds("lease_probe_deadline"),
+                ),
             ]),
         ),
         (

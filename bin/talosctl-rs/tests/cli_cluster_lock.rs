@@ -186,7 +186,7 @@ async fn kubernetes_a_crashed_holder_keeps_others_out_and_its_resume_takes_the_l
     let crashed = f
         .ops_locked(
             &f.talosconfig(),
-            &apply_args(&ip, &file, "40s"),
+            &apply_args(&ip, &file, "60s"),
             Some(&crash_at),
         )
         .await;
@@ -207,6 +207,24 @@ async fn kubernetes_a_crashed_holder_keeps_others_out_and_its_resume_takes_the_l
     assert_eq!(refused.code, 1, "{}", refused.stderr);
     assert!(refused.stderr.contains(&holder), "{}", refused.stderr);
 
+    // Nobody renews it: it expires (its renew time a lease duration old).
+    let k = kube(&f, &ip).await;
+    wait_for(
+        "the crashed holder's lease to expire",
+        Duration::from_secs(40),
+        || async {
+            use time::format_description::well_known::Rfc3339;
+            let lease = k.get(LEASE).await.ok()?;
+            assert_eq!(lease["spec"]["holderIdentity"], holder.as_str());
+            let renewed =
+                time::OffsetDateTime::parse(lease["spec"]["renewTime"].as_str()?, &Rfc3339).ok()?;
+            let duration = lease["spec"]["leaseDurationSeconds"].as_i64()?;
+            let age = time::OffsetDateTime::now_utc() - renewed;
+            (age > time::Duration::seconds(duration)).then_some(())
+        },
+    )
+    .await;
+
     // The resume (same host, state directory and operation) takes its
     // lease again and ends the apply.
     let resumed = f
@@ -221,7 +239,6 @@ async fn kubernetes_a_crashed_holder_keeps_others_out_and_its_resume_takes_the_l
     assert!(node.active_config().contains("vip.example"));
 
     // Ended, it released the lease (client-go's release: no holder).
-    let k = kube(&f, &ip).await;
     let lease = wait_for("the lease released", Duration::from_secs(10), || async {
         let lease = k.get(LEASE).await.ok()?;
         (lease["spec"]["holderIdentity"].as_str() == Some("")).then_some(lease)

@@ -7,6 +7,9 @@ use talos_client::ops::{OpsError, Refusal};
 pub fn hint(error: &OpsError) -> Option<String> {
     let text = match error {
         OpsError::Refused(refusal) => return refusal_hint(refusal).map(str::to_string),
+        OpsError::Busy { holder } if holder.contains("the cluster lock") => {
+            "it runs from the admin host and state directory its holder names (OPID@HOST:STATE_DIR): wait until it ends, then plan again"
+        }
         OpsError::Busy { .. } => {
             "wait until it ends (`talosctl-rs ops list` shows it), then plan again"
         }

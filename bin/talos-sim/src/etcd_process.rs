@@ -232,14 +232,34 @@ impl EtcdProcess {
     /// Freezes (SIGSTOP) or thaws (SIGCONT) the process: a frozen etcd
     /// keeps its sockets open and answers nothing, as a member on a stalled
     /// disk or a hung host does.
-    pub fn set_frozen(&self, frozen: bool) {
-        if let Some(pid) = self.child.id() {
-            let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
-            // SAFETY: sending a signal to our own child process.
-            unsafe {
-                libc::kill(pid as libc::pid_t, signal);
-            }
+    ///
+    /// A freeze returns once every thread of the process has stopped (false
+    /// if that is not seen within five seconds). SIGSTOP only asks: the
+    /// thread that takes the signal stops the others when the scheduler
+    /// next runs it, and on a loaded machine the other threads go on
+    /// answering raft messages for tens of milliseconds meanwhile (a member
+    /// "frozen" that way confirmed a linearizable read for the last one).
+    pub async fn set_frozen(&self, frozen: bool) -> bool {
+        let Some(pid) = self.child.id() else {
+            return false;
+        };
+        let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(pid as libc::pid_t, signal);
         }
+        if !frozen {
+            // SIGCONT wakes every thread at once.
+            return true;
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !all_threads_stopped(pid) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
     }
 
     /// Stops etcd with SIGTERM, then SIGKILL after five seconds.
@@ -257,4 +277,20 @@ impl EtcdProcess {
             let _ = self.child.kill().await;
         }
     }
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in
+/// /proc/PID/task/TID/stat; the state follows the command name, which is in
+/// parentheses and may hold spaces).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state == "T")
+        })
+    })
 }

@@ -534,7 +534,8 @@ impl Node {
 
     /// Freezes this node's etcd (SIGSTOP): its API keeps answering, its
     /// member stays listed, and every etcd call to it hangs, as on a
-    /// stalled disk. False when etcd does not run.
+    /// stalled disk. Returns once the process has stopped; false when etcd
+    /// does not run (or did not stop).
     pub async fn freeze_etcd(&self) -> bool {
         let mut slot = self.etcd.lock().await;
         let Some(process) = slot.as_mut() else {
@@ -543,8 +544,7 @@ impl Node {
         if !process.is_running() {
             return false;
         }
-        process.set_frozen(true);
-        true
+        process.set_frozen(true).await
     }
 
     /// Thaws an etcd frozen by [`Node::freeze_etcd`].
@@ -556,8 +556,7 @@ impl Node {
         if !process.is_running() {
             return false;
         }
-        process.set_frozen(false);
-        true
+        process.set_frozen(false).await
     }
 
     /// The kernel's id of the current boot

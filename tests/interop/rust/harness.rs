@@ -1,8 +1,8 @@
 //! Building and running the Go programs of tests/interop.
 //!
-//! The binaries come from `INTEROP_BIN_DIR` when run.sh built them, else
-//! this test builds them once per test process with `go build`. A missing Go
-//! toolchain or an unreachable module proxy fails the test: it never skips.
+//! The binaries come from `INTEROP_BIN_DIR` when build.sh built them, else
+//! each test process builds them with `go build`. A missing Go toolchain or
+//! an unreachable module proxy fails the test: it never skips.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -66,7 +66,23 @@ fn find_or_build() -> Result<PathBuf, String> {
             String::from_utf8_lossy(&version.stderr)
         ));
     }
-    let target = format!("{}/", out.display());
+    // Built into a directory of this process's own, then renamed into
+    // place: test runners that run each test in a process of its own
+    // (nextest) build in several processes at once, and two `go build`s
+    // writing the same file leave a truncated binary to a third that runs it.
+    // A rename replaces the file whole (a process running the old one keeps
+    // it); the Go build cache makes every build after the first a link.
+    std::fs::create_dir_all(&out).map_err(|e| format!("create {}: {e}", out.display()))?;
+    let staging = tempfile::Builder::new()
+        .prefix("interop-go-build-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .map_err(|e| {
+            format!(
+                "create a build directory in {}: {e}",
+                env!("CARGO_TARGET_TMPDIR")
+            )
+        })?;
+    let target = format!("{}/", staging.path().display());
     let build = go(&["build", "-o", &target, "./cmd/..."])
         .map_err(|e| format!("cannot run go build: {e}"))?;
     if !build.status.success() {
@@ -80,6 +96,10 @@ fn find_or_build() -> Result<PathBuf, String> {
                 .unwrap_or_default(),
             String::from_utf8_lossy(&build.stderr)
         ));
+    }
+    for program in PROGRAMS {
+        std::fs::rename(staging.path().join(program), out.join(program))
+            .map_err(|e| format!("move {program} into {}: {e}", out.display()))?;
     }
     Ok(out)
 }

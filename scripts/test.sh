@@ -1,69 +1,127 @@
 #!/usr/bin/env bash
-# Everything CI checks: installs what the tests need, then formatting, lints,
-# the library alone (and that it pulls in none of the tools' dependencies),
-# the examples, the whole workspace's tests (real etcd via talos-sim), the
-# memory tests on optimised code, and the interop tests against upstream
-# Talos's Go client and stubs.
+# Everything CI checks (docs/testing.md has the order, the budget of 25
+# minutes on 2 cores and the measured times):
+#  1. setup: the Debian tools, kube-apiserver and cargo-nextest (built once
+#     into ~/.cache/talos-client, found there afterwards), formatting;
+#  2. one debug build of the whole workspace with all features (the tests,
+#     the examples, the interop tests' Rust side) and the interop tests'
+#     Go programs;
+#  3. the tests, at once: the workspace's tests under nextest, each in its
+#     own process, many at a time (.config/nextest.toml); beside them the
+#     apply, health and migrate tests on Talos's own schedules; and, niced,
+#     clippy, the published crates' packages and docs, the doc tests, the
+#     library alone and its dependency rules, and the peak-memory checks in
+#     one release build;
+#  4. that the shipped binaries hold no test hook.
+# A timing summary ends every run, also a failing one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # A one-off build: incremental artefacts would only cost disk (GBs here).
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
-scripts/install-deps.sh
+. scripts/phases.sh
+phases_init
+trap phases_summary EXIT
+
+phase install-deps scripts/install-deps.sh
 # The kube-apiserver the Kubernetes tests run on each simulated control-plane
 # node (bin/talos-sim/tests/sim_kubernetes.rs): built from the Go module proxy
 # into ~/.cache/talos-client on the first run (about 4 minutes on 2 cores),
 # found there afterwards.
-TALOS_SIM_KUBE_APISERVER="$(scripts/kube-apiserver.sh)"
+phase kube-apiserver scripts/kube-apiserver.sh >"$PHASES_DIR/kube-apiserver.path"
+TALOS_SIM_KUBE_APISERVER="$(cat "$PHASES_DIR/kube-apiserver.path")"
 export TALOS_SIM_KUBE_APISERVER
-cargo fmt --all --check
-cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
+phase nextest scripts/nextest.sh >"$PHASES_DIR/nextest.path"
+nextest="$(cat "$PHASES_DIR/nextest.path")"
+phase fmt cargo fmt --all --check
 
-# The published crates: their packages hold what they need and build on
-# their own (cargo 1.90 and later resolve talos-opsd-api's dependency on the
-# unpublished talos-client from the package beside it), and the docs build
-# without a warning.
-cargo publish --locked --dry-run --allow-dirty -p talos-client -p talos-opsd-api
-RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --all-features --workspace
+# One feature set for the whole workspace, clippy and the tests alike: the
+# backup feature's tests, the test-only crash hooks (feature test-hooks of
+# talosctl-rs and talos-opsd) and the interop tests' Rust side are in the one
+# build.
+features=(--locked --workspace --all-features)
 
-# `cargo add talos-client` must bring a client and nothing else.
-cargo build --locked -p talos-client
-heavy=$(cargo tree --locked -p talos-client -e normal,no-proc-macro --prefix none |
-  grep -E '^(clap|anyhow|indicatif|rcgen|similar|tempfile|tracing-subscriber|rusqlite|talos-sim) ' || true)
-if [ -n "$heavy" ]; then
-  echo "talos-client's normal dependencies include tool-only crates:" >&2
-  echo "$heavy" >&2
-  exit 1
-fi
+phase interop-go tests/interop/build.sh >"$PHASES_DIR/interop.path"
+INTEROP_BIN_DIR="$(cat "$PHASES_DIR/interop.path")"
+export INTEROP_BIN_DIR
 
-# The CLI talks to talos-opsd through its API crate, never the daemon's own
+# The build, then the list of test binaries nextest runs from it: the test
+# runs below start no cargo, so the cargo commands beside them do not wait
+# for the build directory's lock.
+build_tests() {
+	"$nextest" nextest list "${features[@]}" --list-type binaries-only \
+		--message-format json >"$PHASES_DIR/binaries.json"
+	cargo metadata --locked --format-version 1 --all-features --no-deps >"$PHASES_DIR/cargo-metadata.json"
+}
+phase build-tests build_tests
+run_tests() { # PROFILE [nextest run arguments]
+	local profile=$1
+	shift
+	"$nextest" nextest run --profile "$profile" \
+		--binaries-metadata "$PHASES_DIR/binaries.json" \
+		--cargo-metadata "$PHASES_DIR/cargo-metadata.json" "$@"
+}
+
+# Talos's own schedules (talos-sim's timing divisor 1 instead of the tests'
+# 10) for the apply, health and migrate tests, which the profile `upstream`
+# picks: a promotion after the 15 s retry, etcd health checked every 20 s.
+upstream_tests() {
+	export TALOS_SIM_TIMING_DIVISOR=1
+	run_tests upstream
+}
+
+# What needs the CPU more than the clock, one after another and niced, so
+# the tests' timers keep their pace. Each runs even if one before failed.
+cpu_checks() {
+	local status=0
+	renice -n 10 -p "$BASHPID" >/dev/null
+	phase clippy cargo clippy "${features[@]}" --all-targets -- -D warnings || status=1
+	# The published crates: their packages hold what they need and build
+	# on their own (cargo 1.90 and later resolve talos-opsd-api's
+	# dependency on the unpublished talos-client from the package beside
+	# it), and the docs build without a warning.
+	phase publish-dry-run cargo publish --locked --dry-run --allow-dirty \
+		-p talos-client -p talos-opsd-api || status=1
+	phase rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --all-features --workspace || status=1
+	# nextest does not run doc tests.
+	phase doc-tests cargo test "${features[@]}" --doc || status=1
+	phase library-alone library_alone || status=1
+	# Peak-memory checks measure the optimised code that users run: only a
+	# release build has them as tests, one build for the three.
+	phase memory-release cargo test --locked --release -p talos-client --features backup \
+		--test snapshot_memory --test client_snapshot_memory --test backup_memory || status=1
+	return "$status"
+}
+
+# `cargo add talos-client` must bring a client and nothing else, and the CLI
+# talks to talos-opsd through its API crate, never the daemon's own
 # dependencies (metrics, scheduler, configuration file).
-daemon_only=$(cargo tree --locked -p talosctl-rs -e normal,no-proc-macro --prefix none |
-  grep -E '^(prometheus-client|croner|toml|talos-opsd) ' || true)
-if [ -n "$daemon_only" ]; then
-  echo "talosctl-rs depends on the daemon's own crates:" >&2
-  echo "$daemon_only" >&2
-  exit 1
-fi
+library_alone() {
+	cargo build --locked -p talos-client
+	local heavy daemon_only
+	heavy=$(cargo tree --locked -p talos-client -e normal,no-proc-macro --prefix none |
+		grep -E '^(clap|anyhow|indicatif|rcgen|similar|tempfile|tracing-subscriber|rusqlite|talos-sim) ' || true)
+	if [ -n "$heavy" ]; then
+		echo "talos-client's normal dependencies include tool-only crates:" >&2
+		echo "$heavy" >&2
+		return 1
+	fi
+	daemon_only=$(cargo tree --locked -p talosctl-rs -e normal,no-proc-macro --prefix none |
+		grep -E '^(prometheus-client|croner|toml|talos-opsd) ' || true)
+	if [ -n "$daemon_only" ]; then
+		echo "talosctl-rs depends on the daemon's own crates:" >&2
+		echo "$daemon_only" >&2
+		return 1
+	fi
+}
 
-cargo build --locked --examples
-# The test-only crash hooks (feature test-hooks) are on for the tests only.
-cargo test --locked --workspace --features talosctl-rs/test-hooks,talos-opsd/test-hooks
-# The apply, health and migrate (join + retire) tests once more on Talos's own
-# schedules (talos-sim's timing divisor 1 instead of the tests' 10): a
-# promotion after the 15 s retry, etcd health checked every 20 s.
-TALOS_SIM_TIMING_DIVISOR=1 cargo test --locked -p talosctl-rs --features test-hooks \
-  --test cli_ops_apply --test cli_health --test cli_ops_migrate
-# Off-host backups (feature `backup`): a real S3 server on loopback, age,
-# zstd and a throwaway etcd.
-cargo test --locked -p talos-client --features backup --lib \
-  --test backup_s3 --test backup_drill --test backup_catalogue
-cargo test --locked -p talos-client --features backup --doc
-# Peak-memory checks measure the optimised code that users run.
-cargo test --locked --release -p talos-client --test snapshot_memory --test client_snapshot_memory
-cargo test --locked --release -p talos-client --features backup --test backup_memory
-# The shipped binaries hold no test hook (after the tests: it rebuilds the
-# CLI and the daemon without them).
-scripts/no-test-hooks.sh
-tests/interop/run.sh
+phase_bg tests-upstream upstream_tests
+phase_bg cpu-checks cpu_checks
+status=0
+phase tests run_tests default || status=1
+phase_wait tests-upstream cpu-checks || status=1
+# The shipped binaries hold no test hook: last, as it rebuilds the CLI and
+# the daemon in target/debug without the hooks the crash tests need.
+phase no-test-hooks scripts/no-test-hooks.sh || status=1
+exit "$status"

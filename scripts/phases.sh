@@ -38,7 +38,12 @@ phase_bg() {
 	shift
 	echo "==> $name (in the background, $PHASES_DIR/$name.log): $*" >&2
 	PHASE_T0[$name]=$(date +%s)
-	("$@") >"$PHASES_DIR/$name.log" 2>&1 &
+	(
+		status=0
+		"$@" || status=$?
+		_phase_record "$name" "${PHASE_T0[$name]}" "$status"
+		exit "$status"
+	) >"$PHASES_DIR/$name.log" 2>&1 &
 	PHASE_PID[$name]=$!
 }
 
@@ -47,7 +52,6 @@ phase_wait() {
 	for name in "$@"; do
 		status=0
 		wait "${PHASE_PID[$name]}" || status=$?
-		_phase_record "$name" "${PHASE_T0[$name]}" "$status"
 		unset 'PHASE_PID[$name]'
 		echo "==> $name (background) ended with status $status; its output:" >&2
 		cat "$PHASES_DIR/$name.log" >&2

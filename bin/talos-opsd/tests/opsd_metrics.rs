@@ -61,9 +61,16 @@ fn snapshot() -> proto::StartOperationRequest {
     }
 }
 
-/// The body of `GET /metrics`.
+/// The body of `GET /metrics`, once the listener answers: the daemon
+/// binds it after its socket, which the test takes as "started", so on a
+/// loaded machine a scrape right after a restart met a refused connection.
 async fn scrape(port: u16) -> String {
-    let answer = http(port, "GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    let answer = talos_test_support::sim::wait_for(
+        "the metrics listener",
+        std::time::Duration::from_secs(30),
+        || daemon::scrape(port),
+    )
+    .await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     answer.split_once("\r\n\r\n").unwrap().1.to_string()
 }

@@ -232,8 +232,11 @@ async fn a_layer2_vip_is_held_by_exactly_one_node_and_moves_when_it_leaves() {
     // Leave waits for the local member's healthy service, then retries
     // etcd's "unhealthy cluster" (just after start): both before the call's
     // 30 s deadline only once the members are healthy.
+    // On a loaded machine etcd's member removal alone can take longer than
+    // the client's default 30 s call deadline: the call gets its own.
     sim.wait_etcd_healthy(3).await;
     client
+        .with_call_timeout(Duration::from_secs(120))
         .node(sim.ip(first[0]))
         .etcd_leave_cluster()
         .await

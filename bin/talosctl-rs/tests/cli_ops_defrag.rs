@@ -102,8 +102,13 @@ async fn defrag_reclaims_space_on_every_member_leader_last() {
 async fn defrag_refuses_a_bad_threshold_and_an_unhealthy_member() {
     let f = Fixture::start(3).await;
     let bad = f.ops(&["--yes", "defrag", "--threshold", "0"]).await;
-    assert_ne!(bad.code, 0);
-    assert!(bad.stderr.contains("outside (0, 1]"), "{}", bad.stderr);
+    // A usage error (exit 2) that names the flag and the range.
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("--threshold") && bad.stderr.contains("(0, 1]"),
+        "{}",
+        bad.stderr
+    );
 
     // The leader hangs: the endpoint's linearizable member list cannot
     // answer until another member leads, so the preflight must read the

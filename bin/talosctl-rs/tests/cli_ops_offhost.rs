@@ -600,10 +600,11 @@ async fn the_endpoint_and_region_can_be_given_as_flags() {
         ],
     )
     .await;
-    assert_eq!(bad.code, 1, "{}", bad.stderr);
+    // A usage error (exit 2) that names the flag, the value and the form.
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
     assert!(
-        bad.stderr
-            .contains("\"127.0.0.1:1\" is not an http:// or https:// URL"),
+        bad.stderr.contains("'127.0.0.1:1' for '--s3-endpoint")
+            && bad.stderr.contains("http://HOST[:PORT]"),
         "{}",
         bad.stderr
     );

@@ -172,8 +172,13 @@ async fn an_absurd_timeout_is_refused_at_plan_time() {
     let run = f
         .ops(&["--yes", "join", "cp-9", "--timeout", "100000h"])
         .await;
-    assert_eq!(run.code, 1, "{}", run.stderr);
-    assert!(run.stderr.contains("timeout"), "{}", run.stderr);
+    // Refused by the flag parser (a usage error, exit 2) with the bounds.
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("--timeout") && run.stderr.contains("between 1s and 24h"),
+        "{}",
+        run.stderr
+    );
 }
 
 /// A snapshot source that stops sending (its etcd frozen: the stream

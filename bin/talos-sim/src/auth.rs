@@ -29,12 +29,12 @@ fn allowed(method: &str) -> &'static [&'static str] {
         "EtcdMemberList" | "EtcdStatus" | "EtcdAlarmList" => {
             &[ADMIN, OPERATOR, READER, ETCD_BACKUP]
         }
-        "EtcdAlarmDisarm" | "EtcdDefragment" | "Reboot" | "Shutdown" => &[ADMIN, OPERATOR],
+        "EtcdAlarmDisarm" | "EtcdDefragment" | "Reboot" | "Shutdown" | "ServiceStart"
+        | "ServiceStop" | "ServiceRestart" => &[ADMIN, OPERATOR],
         // ImageService.Pull.
         "Pull" => &[ADMIN, OPERATOR],
-        "Version" | "Hostname" | "ServiceList" | "HealthCheck" | "Events" | "Logs" | "Dmesg" => {
-            &[ADMIN, OPERATOR, READER]
-        }
+        "Version" | "Hostname" | "ServiceList" | "HealthCheck" | "Events" | "Logs" | "Dmesg"
+        | "Containers" | "List" => &[ADMIN, OPERATOR, READER],
         // Readers only in maintenance mode, which the handler checks.
         "ApplyConfiguration" => &[ADMIN, READER],
         _ => &[ADMIN],

@@ -85,10 +85,12 @@ fn load_or_create_ca(
 /// the CA's certificate only, as `talosctl gen config` writes worker.yaml.
 /// Without the `cluster.etcd` section either, which upstream's Validate
 /// refuses on a worker, nor the secretbox key, which only the control
-/// plane's configuration carries (pkg/machinery/config/generate/init.go).
+/// plane's configuration carries (pkg/machinery/config/generate/init.go),
+/// nor the control plane's other documents (1.14's service account).
 fn worker_machine_config(controlplane: &str) -> String {
     let mut in_etcd = false;
-    controlplane
+    let v1alpha1 = controlplane.split("\n---\n").next().unwrap_or_default();
+    v1alpha1
         .lines()
         .filter(|line| {
             if line.starts_with("  etcd:") {
@@ -116,6 +118,33 @@ fn worker_machine_config(controlplane: &str) -> String {
 /// plane, and `cluster.ca` the Kubernetes CA the admin kubeconfig is
 /// issued from (pkg/machinery/config/generate: `talosctl gen config`).
 pub(crate) fn default_machine_config(cfg: &SimConfig, cas: &ClusterCas) -> String {
+    let mut config = v1alpha1_config(cfg, cas);
+    if cfg.talos_version.at_least_1_14() {
+        config.push_str(&service_account_document(
+            &format!("https://{}:6443", cfg.node_ip(1)),
+            &cas.service_account,
+        ));
+    }
+    config
+}
+
+/// The service-account document `talosctl gen config` writes from 1.14
+/// (pkg/machinery/config/generate/kubernetes.go: the issuer's key, PEM,
+/// and the control-plane endpoint as issuer URL; types/k8s/
+/// service_account.go), after the v1alpha1 document.
+fn service_account_document(endpoint: &str, key_pem: &str) -> String {
+    let key: String = key_pem
+        .lines()
+        .map(|line| format!("    {line}\n"))
+        .collect();
+    format!(
+        "---\napiVersion: v1alpha1\nkind: KubeServiceAccountConfig\nissuer:\n  \
+         privateKey: |\n{key}  issuerURL: {endpoint}\n"
+    )
+}
+
+/// The v1alpha1 document of [`default_machine_config`].
+fn v1alpha1_config(cfg: &SimConfig, cas: &ClusterCas) -> String {
     use base64::Engine as _;
     let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
     format!(
@@ -140,7 +169,7 @@ pub(crate) fn default_machine_config(cfg: &SimConfig, cas: &ClusterCas) -> Strin
         etcd_crt = b64(&cas.etcd.cert_pem),
         etcd_key = b64(cas.etcd.key_pem()),
         // 1.14 carries the key in a KubeServiceAccountConfig document
-        // instead, which the simulator's 1.14 profile leaves to the user.
+        // instead (appended below).
         service_account = if cfg.talos_version.at_least_1_14() {
             String::new()
         } else {
@@ -182,6 +211,7 @@ impl Cluster {
             ));
         }
         cfg.pick_free_ports()?;
+        crate::etcd_process::EtcdBinaries::find(&cfg.etcd_cache, cfg.talos_version.etcd_release())?;
         std::fs::create_dir_all(&cfg.dir).map_err(|e| SimError::io(&cfg.dir, e))?;
         let nodes_dir = cfg.dir.join("nodes");
         if nodes_dir.exists() {
@@ -190,6 +220,17 @@ impl Cluster {
         let cas = ClusterCas::load_or_create(&cfg.dir)?;
         let machine_config = default_machine_config(&cfg, &cas);
         let ca = cas.os;
+        let etcd_pki = Arc::new(crate::etcd_tls::EtcdPki::new(cas.etcd)?);
+        // Clients outside the simulator (etcdctl, benchmarks) reach the
+        // members with machined's etcd identity.
+        write_private(
+            &cfg.dir.join("pki/etcd-client.crt"),
+            etcd_pki.client_cert_pem().as_bytes(),
+        )?;
+        write_private(
+            &cfg.dir.join("pki/etcd-client.key"),
+            etcd_pki.client_key_pem().as_bytes(),
+        )?;
         let proxy = ca.issue(&LeafSpec::client(&["os:impersonator"]))?;
         let proxy_identity = Credentials::from_pem(
             ca.cert_pem.as_bytes(),
@@ -206,6 +247,7 @@ impl Cluster {
         let shared = Arc::new(Shared {
             cfg,
             ca,
+            etcd_pki,
             nodes: RwLock::new(Vec::new()),
             proxy_identity,
             proxy_peer,
@@ -313,6 +355,31 @@ impl Cluster {
         &self.shared.ca.cert_pem
     }
 
+    /// The cluster's etcd CA and the etcd client identity of its nodes'
+    /// machined: what a client of the members themselves needs
+    /// ([`crate::etcd_client::EtcdClient::connect`]).
+    pub fn etcd_pki(&self) -> Arc<crate::etcd_tls::EtcdPki> {
+        self.shared.etcd_pki.clone()
+    }
+
+    /// `etcdctl` of the etcd release the cluster's Talos runs, with the
+    /// etcd CA and machined's client certificate (`DIR/pki/etcd-ca.crt`,
+    /// `DIR/pki/etcd-client.{crt,key}`); the caller adds `--endpoints`.
+    pub fn etcdctl(&self) -> Result<std::process::Command, SimError> {
+        let cfg = &self.shared.cfg;
+        let binaries = crate::etcd_process::EtcdBinaries::find(
+            &cfg.etcd_cache,
+            cfg.talos_version.etcd_release(),
+        )?;
+        let pki = cfg.dir.join("pki");
+        let mut command = std::process::Command::new(binaries.etcdctl());
+        command
+            .arg(format!("--cacert={}", pki.join("etcd-ca.crt").display()))
+            .arg(format!("--cert={}", pki.join("etcd-client.crt").display()))
+            .arg(format!("--key={}", pki.join("etcd-client.key").display()));
+        Ok(command)
+    }
+
     /// Issues a client certificate with the given roles from the cluster CA.
     pub fn issue_client(&self, spec: &LeafSpec) -> Result<Credentials, SimError> {
         let identity = self.shared.ca.issue(spec)?;
@@ -402,7 +469,11 @@ impl Cluster {
     /// Writes one key through the running nodes' etcd (a Kubernetes
     /// object, say, as kube-apiserver would store it).
     pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), SimError> {
-        let client = EtcdClient::connect(&self.shared.control_plane_etcd_urls()).await?;
+        let client = EtcdClient::connect(
+            &self.shared.control_plane_etcd_urls(),
+            &self.shared.etcd_pki,
+        )
+        .await?;
         Ok(client.put(key.to_vec(), value.to_vec()).await?)
     }
 

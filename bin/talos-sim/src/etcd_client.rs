@@ -1,9 +1,13 @@
 //! A small etcd v3 client over the generated `etcdserverpb` stubs, used by
 //! the simulated nodes to drive their real etcd members.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::ClientConfig;
 use tonic::transport::{Channel, Endpoint};
+
+use crate::etcd_tls::{Connector, EtcdPki};
 
 use crate::api::etcdserverpb::cluster_client::ClusterClient;
 use crate::api::etcdserverpb::kv_client::KvClient;
@@ -38,13 +42,28 @@ fn membership<T>(message: T, timeout: Option<Duration>) -> tonic::Request<T> {
 #[derive(Clone)]
 pub struct EtcdClient {
     members: Vec<(String, Channel)>,
+    tls: Arc<ClientConfig>,
 }
 
-fn channel(url: &str) -> Result<Channel, tonic::Status> {
+/// A lazily connected channel to the member at `url` (`https://ip:port`),
+/// over TLS with `tls` (see [`crate::etcd_tls`]).
+fn channel(url: &str, tls: &Arc<ClientConfig>) -> Result<Channel, tonic::Status> {
+    let invalid = |e: String| tonic::Status::invalid_argument(format!("etcd URL {url:?}: {e}"));
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| invalid(e.to_string()))?;
+    let (Some(host), Some(port)) = (uri.host(), uri.port_u16()) else {
+        return Err(invalid("no host and port".into()));
+    };
+    let connector = Connector {
+        tls: tls.clone(),
+        host: host.to_string(),
+        port,
+    };
     Ok(Endpoint::from_shared(url.to_string())
-        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
+        .map_err(|e| invalid(e.to_string()))?
         .connect_timeout(Duration::from_secs(2))
-        .connect_lazy())
+        .connect_with_connector_lazy(connector))
 }
 
 /// `d` moved at random by up to `fraction` of it either way, as etcd's
@@ -74,19 +93,21 @@ fn require_leader<T>(message: T) -> tonic::Request<T> {
 }
 
 impl EtcdClient {
-    /// A client for the members at `urls` (`http://ip:port`).
-    pub async fn connect(urls: &[String]) -> Result<EtcdClient, tonic::Status> {
+    /// A client for the members at `urls` (`https://ip:port`), over TLS
+    /// with the cluster's etcd client identity (`pki`).
+    pub async fn connect(urls: &[String], pki: &EtcdPki) -> Result<EtcdClient, tonic::Status> {
+        let tls = pki.client_config();
         let members = urls
             .iter()
-            .map(|url| Ok((url.clone(), channel(url)?)))
+            .map(|url| Ok((url.clone(), channel(url, &tls)?)))
             .collect::<Result<_, tonic::Status>>()?;
-        Ok(EtcdClient { members })
+        Ok(EtcdClient { members, tls })
     }
 
     fn channel_for(&self, url: &str) -> Result<Channel, tonic::Status> {
         match self.members.iter().find(|(u, _)| u == url) {
             Some((_, ch)) => Ok(ch.clone()),
-            None => channel(url),
+            None => channel(url, &self.tls),
         }
     }
 
@@ -163,20 +184,10 @@ impl EtcdClient {
     /// serialize, and Talos never does
     /// (v1alpha1_server.go EtcdMemberList, internal/pkg/etcd). A member
     /// that cannot confirm the cluster's current membership with a quorum
-    /// fails instead of answering what it last saw. An etcd before 3.5
-    /// ignores the request's flag, so the member is first asked for a
-    /// linearizable read, the same read-index round a 3.6 member makes
-    /// before it lists (etcdserver MemberList), with the same errors.
+    /// (etcdserver's MemberList waits for a read index first) fails
+    /// instead of answering what it last saw.
     pub async fn member_list(&self) -> Result<Vec<Member>, tonic::Status> {
         self.repeatable(&|ch| async move {
-            KvClient::new(ch.clone())
-                .range(require_leader(RangeRequest {
-                    key: b"\0".to_vec(),
-                    serializable: false,
-                    count_only: true,
-                    ..RangeRequest::default()
-                }))
-                .await?;
             let resp = ClusterClient::new(ch)
                 .member_list(require_leader(MemberListRequest { linearizable: true }))
                 .await?;
@@ -337,10 +348,7 @@ impl EtcdClient {
         url: &str,
     ) -> Result<tonic::Streaming<pb::SnapshotResponse>, tonic::Status> {
         // No deadline: a snapshot takes as long as it takes.
-        let channel = Endpoint::from_shared(url.to_string())
-            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
-            .connect_timeout(Duration::from_secs(2))
-            .connect_lazy();
+        let channel = channel(url, &self.tls)?;
         let resp = MaintenanceClient::new(channel)
             .max_decoding_message_size(64 << 20)
             .snapshot(SnapshotRequest {})
@@ -354,6 +362,25 @@ impl EtcdClient {
             .move_leader(require_leader(MoveLeaderRequest { target_id: target }))
             .await
             .map(drop)
+    }
+
+    /// Validates, enables or cancels a downgrade of the cluster's storage
+    /// to `version` (`MAJOR.MINOR`) through the member at `url`, as the
+    /// client's `Downgrade` sends it (leader required); returns the cluster
+    /// version the member reports.
+    pub async fn downgrade(
+        &self,
+        url: &str,
+        action: pb::downgrade_request::DowngradeAction,
+        version: &str,
+    ) -> Result<String, tonic::Status> {
+        let resp = MaintenanceClient::new(self.channel_for(url)?)
+            .downgrade(require_leader(pb::DowngradeRequest {
+                action: action as i32,
+                version: version.to_string(),
+            }))
+            .await?;
+        Ok(resp.into_inner().version)
     }
 
     /// Writes a key.

@@ -12,6 +12,7 @@ use std::time::SystemTime;
 
 use super::TalosTiming;
 use super::etcd_client::EtcdClient;
+use super::etcd_tls::EtcdPki;
 use super::node::{ServiceEvent, record_event};
 
 /// The health of a service as its last check left it.
@@ -48,6 +49,7 @@ impl EtcdHealth {
     pub(crate) fn start(
         &self,
         url: String,
+        pki: Arc<EtcdPki>,
         timing: TalosTiming,
         events: Arc<Mutex<Vec<ServiceEvent>>>,
     ) {
@@ -62,7 +64,7 @@ impl EtcdHealth {
             );
             loop {
                 ticker.tick().await;
-                let outcome = check(&url, timing).await;
+                let outcome = check(&url, &pki, timing).await;
                 update(&state, &events, outcome);
             }
         });
@@ -93,8 +95,8 @@ impl EtcdHealth {
     }
 }
 
-async fn check(url: &str, timing: TalosTiming) -> Result<(), String> {
-    let client = EtcdClient::connect(&[url.to_string()])
+async fn check(url: &str, pki: &EtcdPki, timing: TalosTiming) -> Result<(), String> {
+    let client = EtcdClient::connect(&[url.to_string()], pki)
         .await
         .map_err(|s| s.message().to_string())?;
     let deadline = timing

@@ -1,4 +1,9 @@
-//! Running real etcd members (Debian's `etcd-server`) as child processes.
+//! Running real etcd members as child processes: the etcd release the
+//! node's Talos runs (`DefaultEtcdVersion` in
+//! pkg/machinery/constants/constants.go: v3.6.12 at Talos v1.13.9, v3.7.1
+//! at v1.14), built by `scripts/etcd.sh`, with the flags Talos's etcd
+//! service gives it (internal/app/machined/pkg/system/services/etcd.go,
+//! argsForInit and argsForControlPlane, at each tag).
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -9,19 +14,89 @@ use tokio::process::{Child, Command};
 
 use super::SimError;
 use super::etcd_client::EtcdClient;
+use super::etcd_tls::{EtcdPki, MemberCerts};
 
-/// The etcd binary, overridable with `TALOS_SIM_ETCD`.
-pub fn etcd_binary() -> PathBuf {
-    std::env::var_os("TALOS_SIM_ETCD")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("etcd"))
+/// An etcd release a simulated node runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EtcdRelease {
+    /// etcd v3.6.12 (Talos v1.13.9).
+    V3_6_12,
+    /// etcd v3.7.1 (Talos v1.14): HTTP endpoints on their own port, TLS
+    /// 1.3 at least, feature gates instead of the `experimental-` flags.
+    V3_7_1,
 }
 
-/// The etcdctl binary, overridable with `TALOS_SIM_ETCDCTL`.
-pub fn etcdctl_binary() -> PathBuf {
-    std::env::var_os("TALOS_SIM_ETCDCTL")
+impl EtcdRelease {
+    /// The release tag, `v3.6.12`.
+    pub fn tag(self) -> &'static str {
+        match self {
+            EtcdRelease::V3_6_12 => "v3.6.12",
+            EtcdRelease::V3_7_1 => "v3.7.1",
+        }
+    }
+
+    /// The version etcd reports (`3.6.12`).
+    pub fn version(self) -> &'static str {
+        &self.tag()[1..]
+    }
+}
+
+/// The directory `scripts/etcd.sh` builds into, one `etcd-vX.Y.Z/`
+/// (etcd, etcdutl, etcdctl) per release: `$TALOS_SIM_ETCD_CACHE`, else
+/// `$XDG_CACHE_HOME/talos-client`, else `~/.cache/talos-client`.
+pub fn default_etcd_cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TALOS_SIM_ETCD_CACHE") {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("etcdctl"))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"))
+        .join("talos-client")
+}
+
+/// The binaries of one etcd release in a cache directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdBinaries {
+    /// The release.
+    pub release: EtcdRelease,
+    dir: PathBuf,
+}
+
+impl EtcdBinaries {
+    /// The binaries of `release` under `cache`; an error naming the script
+    /// that builds them when they are missing.
+    pub fn find(cache: &Path, release: EtcdRelease) -> Result<EtcdBinaries, SimError> {
+        let binaries = EtcdBinaries {
+            release,
+            dir: cache.join(format!("etcd-{}", release.tag())),
+        };
+        for path in [binaries.etcd(), binaries.etcdutl()] {
+            if !path.is_file() {
+                return Err(SimError::EtcdNotBuilt {
+                    release: release.tag(),
+                    path,
+                });
+            }
+        }
+        Ok(binaries)
+    }
+
+    /// The etcd server.
+    pub fn etcd(&self) -> PathBuf {
+        self.dir.join("etcd")
+    }
+
+    /// etcdutl (snapshot restore and status).
+    pub fn etcdutl(&self) -> PathBuf {
+        self.dir.join("etcdutl")
+    }
+
+    /// etcdctl.
+    pub fn etcdctl(&self) -> PathBuf {
+        self.dir.join("etcdctl")
+    }
 }
 
 /// Where and as whom a snapshot is restored.
@@ -35,8 +110,11 @@ pub(crate) struct RestoreTarget<'a> {
 }
 
 /// Restores `snapshot` into the member's (emptied) data directory as a new
-/// single-member cluster, with `etcdctl snapshot restore`.
+/// single-member cluster, with `etcdutl snapshot restore` of the node's
+/// etcd release (Talos's recoverFromSnapshot runs etcdutl's snapshot
+/// package with the same settings, services/etcd.go).
 pub(crate) async fn restore_snapshot(
+    binaries: &EtcdBinaries,
     snapshot: &Path,
     target: RestoreTarget<'_>,
     initial_cluster: &str,
@@ -46,9 +124,8 @@ pub(crate) async fn restore_snapshot(
     if data.exists() {
         std::fs::remove_dir_all(data).map_err(|e| e.to_string())?;
     }
-    let mut command = Command::new(etcdctl_binary());
+    let mut command = Command::new(binaries.etcdutl());
     command
-        .env("ETCDCTL_API", "3")
         .arg("snapshot")
         .arg("restore")
         .arg(snapshot)
@@ -58,8 +135,6 @@ pub(crate) async fn restore_snapshot(
         .arg(target.name)
         .arg("--initial-cluster")
         .arg(initial_cluster)
-        .arg("--initial-cluster-token")
-        .arg("talos-sim")
         .arg("--initial-advertise-peer-urls")
         .arg(target.peer_url);
     if skip_hash_check {
@@ -68,7 +143,7 @@ pub(crate) async fn restore_snapshot(
     let output = command
         .output()
         .await
-        .map_err(|e| format!("cannot run {}: {e}", etcdctl_binary().display()))?;
+        .map_err(|e| format!("cannot run {}: {e}", binaries.etcdutl().display()))?;
     if output.status.success() {
         Ok(())
     } else {
@@ -92,10 +167,13 @@ pub struct EtcdSpec {
     pub name: String,
     /// Address to listen on.
     pub ip: Ipv4Addr,
-    /// Client port.
+    /// Client port (gRPC, and HTTP too before etcd 3.7).
     pub client_port: u16,
     /// Peer port.
     pub peer_port: u16,
+    /// The client HTTP port (`/health`, `/metrics`) of etcd 3.7 under
+    /// Talos 1.14 (`EtcdClientHTTPPort`, 2383 on a real node).
+    pub http_port: u16,
     /// Data directory.
     pub data_dir: PathBuf,
     /// `name=peer-url,...` of the members to start with.
@@ -104,17 +182,82 @@ pub struct EtcdSpec {
     pub state: ClusterState,
     /// Backend quota in bytes.
     pub quota_backend_bytes: u64,
+    /// The release to run, and where its binaries are.
+    pub binaries: EtcdBinaries,
+    /// Where the member's certificates are written.
+    pub certs_dir: PathBuf,
 }
 
 impl EtcdSpec {
     /// The URL clients use.
     pub fn client_url(&self) -> String {
-        format!("http://{}:{}", self.ip, self.client_port)
+        format!("https://{}:{}", self.ip, self.client_port)
     }
 
     /// The URL peers use.
     pub fn peer_url(&self) -> String {
-        format!("http://{}:{}", self.ip, self.peer_port)
+        format!("https://{}:{}", self.ip, self.peer_port)
+    }
+
+    /// The URL of the HTTP endpoints on etcd 3.7 (none before).
+    pub fn http_url(&self) -> Option<String> {
+        (self.binaries.release == EtcdRelease::V3_7_1)
+            .then(|| format!("https://{}:{}", self.ip, self.http_port))
+    }
+
+    /// The flags Talos starts this release with (services/etcd.go at the
+    /// Talos tag that ships it), plus the simulator's backend quota.
+    fn args(&self, certs: &MemberCerts) -> Vec<String> {
+        let path = |p: &Path| p.display().to_string();
+        let mut args: Vec<(&str, String)> = vec![
+            ("name", self.name.clone()),
+            ("auto-tls", "false".into()),
+            ("peer-auto-tls", "false".into()),
+            ("data-dir", path(&self.data_dir)),
+            ("listen-peer-urls", self.peer_url()),
+            ("listen-client-urls", self.client_url()),
+            ("client-cert-auth", "true".into()),
+            ("cert-file", path(&certs.server.0)),
+            ("key-file", path(&certs.server.1)),
+            ("trusted-ca-file", path(&certs.ca)),
+            ("peer-client-cert-auth", "true".into()),
+            ("peer-cert-file", path(&certs.peer.0)),
+            ("peer-key-file", path(&certs.peer.1)),
+            ("peer-trusted-ca-file", path(&certs.ca)),
+            (
+                "initial-cluster-state",
+                match self.state {
+                    ClusterState::New => "new",
+                    ClusterState::Existing => "existing",
+                }
+                .into(),
+            ),
+            ("initial-cluster", self.initial_cluster.clone()),
+            ("initial-advertise-peer-urls", self.peer_url()),
+            ("advertise-client-urls", self.client_url()),
+            ("quota-backend-bytes", self.quota_backend_bytes.to_string()),
+        ];
+        match self.http_url() {
+            // Talos 1.14: HTTP on its own listener, gRPC alone on 2379,
+            // TLS 1.3 at least, feature gates for the corruption checks.
+            Some(http) => args.extend([
+                ("listen-client-http-urls", http),
+                (
+                    "feature-gates",
+                    "InitialCorruptCheck=true,CompactHashCheck=true".into(),
+                ),
+                ("watch-progress-notify-interval", "5s".into()),
+                ("tls-min-version", "TLS1.3".into()),
+            ]),
+            None => args.extend([
+                ("experimental-initial-corrupt-check", "true".into()),
+                ("experimental-watch-progress-notify-interval", "5s".into()),
+                ("experimental-compact-hash-check-enabled", "true".into()),
+            ]),
+        }
+        args.into_iter()
+            .map(|(flag, value)| format!("--{flag}={value}"))
+            .collect()
     }
 }
 
@@ -126,44 +269,21 @@ pub struct EtcdProcess {
 }
 
 impl EtcdProcess {
-    /// Starts etcd and waits until it answers on its client URL. The child
-    /// gets SIGKILL if this process dies, so no etcd outlives the simulator.
-    pub async fn start(spec: EtcdSpec, log: &Path) -> Result<EtcdProcess, SimError> {
+    /// Writes the member's certificates, starts etcd and waits until it
+    /// answers on its client URL. The child gets SIGKILL if this process
+    /// dies, so no etcd outlives the simulator.
+    pub async fn start(spec: EtcdSpec, pki: &EtcdPki, log: &Path) -> Result<EtcdProcess, SimError> {
         std::fs::create_dir_all(&spec.data_dir).map_err(|e| SimError::io(&spec.data_dir, e))?;
+        let certs = pki.write_member(&spec.certs_dir, &spec.name, spec.ip)?;
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .map_err(|e| SimError::io(log, e))?;
-        let mut command = Command::new(etcd_binary());
+        let binary = spec.binaries.etcd();
+        let mut command = Command::new(&binary);
         command
-            .arg("--name")
-            .arg(&spec.name)
-            .arg("--data-dir")
-            .arg(&spec.data_dir)
-            .arg("--listen-client-urls")
-            .arg(spec.client_url())
-            .arg("--advertise-client-urls")
-            .arg(spec.client_url())
-            .arg("--listen-peer-urls")
-            .arg(spec.peer_url())
-            .arg("--initial-advertise-peer-urls")
-            .arg(spec.peer_url())
-            .arg("--initial-cluster")
-            .arg(&spec.initial_cluster)
-            .arg("--initial-cluster-state")
-            .arg(match spec.state {
-                ClusterState::New => "new",
-                ClusterState::Existing => "existing",
-            })
-            .arg("--initial-cluster-token")
-            .arg("talos-sim")
-            .arg("--quota-backend-bytes")
-            .arg(spec.quota_backend_bytes.to_string())
-            .arg("--logger")
-            .arg("zap")
-            .arg("--log-outputs")
-            .arg("stderr")
+            .args(spec.args(&certs))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file))
@@ -177,18 +297,24 @@ impl EtcdProcess {
                 Ok(())
             });
         }
-        let child = command.spawn().map_err(|source| SimError::EtcdSpawn {
-            binary: etcd_binary(),
-            source,
-        })?;
+        let child = command
+            .spawn()
+            .map_err(|source| SimError::EtcdSpawn { binary, source })?;
         let mut process = EtcdProcess { child, spec };
-        process.wait_ready(Duration::from_secs(60), log).await?;
+        process
+            .wait_ready(Duration::from_secs(60), pki, log)
+            .await?;
         Ok(process)
     }
 
     /// Polls the member's status until it answers, the process exits, or the
     /// deadline passes.
-    async fn wait_ready(&mut self, timeout: Duration, log: &Path) -> Result<(), SimError> {
+    async fn wait_ready(
+        &mut self,
+        timeout: Duration,
+        pki: &EtcdPki,
+        log: &Path,
+    ) -> Result<(), SimError> {
         let deadline = Instant::now() + timeout;
         let url = self.spec.client_url();
         loop {
@@ -199,7 +325,7 @@ impl EtcdProcess {
                     log: log.to_path_buf(),
                 });
             }
-            if let Ok(client) = EtcdClient::connect(std::slice::from_ref(&url)).await
+            if let Ok(client) = EtcdClient::connect(std::slice::from_ref(&url), pki).await
                 && client.status(&url).await.is_ok()
             {
                 return Ok(());

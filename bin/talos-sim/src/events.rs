@@ -335,22 +335,38 @@ pub(crate) mod publish {
 }
 
 /// The kernel messages a simulated node has to show: its boot, as a
-/// kernel and machined would log it.
+/// kernel and machined would log it, each line as machined's Dmesg sends
+/// one (`FACILITY: PRIORITY: [TIME]: MESSAGE`, the priority right-aligned
+/// in seven columns, the time RFC 3339 with nanoseconds; v1alpha1_server.go).
 pub(crate) fn kernel_boot_messages(node: &crate::node::Node) {
     let lines = [
-        format!(
-            "kern:    info: [talos-sim]: Linux version (simulated) for Talos {}",
-            node.talos_version().tag()
+        (
+            "kern",
+            "info",
+            format!(
+                "Linux version (simulated) for Talos {}",
+                node.talos_version().tag()
+            ),
         ),
-        format!(
-            "user: warning: [talos-sim]: [talos] hostname set to {}",
-            node.name
+        (
+            "user",
+            "warning",
+            format!("[talos] hostname set to {}", node.name),
         ),
-        format!(
-            "user: warning: [talos-sim]: [talos] node address {} configured",
-            node.ip
+        (
+            "user",
+            "warning",
+            format!("[talos] node address {} configured", node.ip),
         ),
-        "user: warning: [talos-sim]: [talos] boot sequence: done".to_string(),
+        ("user", "warning", "[talos] boot sequence: done".to_string()),
     ];
-    node.kmsg.lock().expect("kmsg lock").extend(lines);
+    let at = time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    node.kmsg
+        .lock()
+        .expect("kmsg lock")
+        .extend(lines.into_iter().map(|(facility, priority, message)| {
+            format!("{facility}: {priority:>7}: [{at}]: {message}")
+        }));
 }

@@ -229,6 +229,8 @@ fn spawn(binary: &Path, args: &[String], dir: &Path) -> std::io::Result<Child> {
 /// (1.14) the keys tokens are verified with.
 struct Secrets {
     ca: Ca,
+    /// The etcd CA, which issues the API server's etcd client certificate.
+    etcd: std::sync::Arc<crate::etcd_tls::EtcdPki>,
     ca_crt: String,
     sa_key: String,
     sa_pub: Option<String>,
@@ -241,6 +243,9 @@ const CRT_FILE: &str = "apiserver.crt";
 const KEY_FILE: &str = "apiserver.key";
 const SA_FILE: &str = "service-account.key";
 const SA_PUB_FILE: &str = "service-account.pub";
+const ETCD_CA_FILE: &str = "etcd-client-ca.crt";
+/// `etcd-client.crt` and `etcd-client.key`.
+const ETCD_CLIENT: &str = "etcd-client";
 
 impl Secrets {
     fn write(&self, dir: &Path) -> Result<(), String> {
@@ -259,11 +264,16 @@ impl Secrets {
         if let Some(public) = &self.sa_pub {
             files.push((SA_PUB_FILE, public));
         }
+        let etcd_ca = self.etcd.ca_pem().to_string();
+        files.push((ETCD_CA_FILE, &etcd_ca));
         for (name, body) in files {
             let path = dir.join(name);
             talos_client::write_private_file(&path, body.as_bytes())
                 .map_err(|e| format!("{}: {e}", path.display()))?;
         }
+        self.etcd
+            .write_client(dir, ETCD_CLIENT, "kube-apiserver")
+            .map_err(|e| format!("etcd client certificate: {e}"))?;
         Ok(())
     }
 
@@ -445,9 +455,23 @@ fn prepare(node: &Node, dir: &Path) -> Result<(Vec<String>, Secrets), String> {
     set("enable-admission-plugins", "NodeRestriction".into());
     set("enable-bootstrap-token-auth", "true".into());
     set("authorization-mode", "Node,RBAC".into());
-    set("tls-min-version", "VersionTLS12".into());
+    // 1.14 asks for TLS 1.3 and lets no extraArgs change it
+    // (control_plane_final.go); 1.13.9 for TLS 1.2.
+    let tls13 = node.talos_version().at_least_1_14();
+    set(
+        "tls-min-version",
+        if tls13 {
+            "VersionTLS13"
+        } else {
+            "VersionTLS12"
+        }
+        .into(),
+    );
     set("profiling", "false".into());
     set("etcd-servers", node.etcd_client_url());
+    set("etcd-cafile", path(ETCD_CA_FILE));
+    set("etcd-certfile", path(&format!("{ETCD_CLIENT}.crt")));
+    set("etcd-keyfile", path(&format!("{ETCD_CLIENT}.key")));
     set("secure-port", PORT.to_string());
     set("service-account-key-file", sa_verify_file);
     set("service-account-signing-key-file", sa_file);
@@ -472,7 +496,7 @@ fn prepare(node: &Node, dir: &Path) -> Result<(Vec<String>, Secrets), String> {
             let (Some(key), Some(value)) = (key.as_str(), scalar(value)) else {
                 continue;
             };
-            if DENIED.contains(&key) {
+            if DENIED.contains(&key) || (tls13 && key == "tls-min-version") {
                 return Err(format!("extra arg {key:?} is not allowed to be overridden"));
             }
             match flags.get_mut(key) {
@@ -493,6 +517,7 @@ fn prepare(node: &Node, dir: &Path) -> Result<(Vec<String>, Secrets), String> {
         .collect();
     let secrets = Secrets {
         ca,
+        etcd: node.etcd_pki.clone(),
         ca_crt,
         sa_key: sa.signing_key,
         sa_pub: sa.verifying_keys,

@@ -23,8 +23,11 @@ pub(crate) fn archive(config: &str) -> Result<Vec<u8>, Status> {
 /// one user `admin@NAME`, one context `admin@NAME` (namespace default),
 /// current.
 pub(crate) fn admin_kubeconfig(config: &str) -> Result<String, Status> {
-    let doc: serde_norway::Value = serde_norway::from_str(config)
-        .map_err(|e| Status::internal(format!("machine config: {e}")))?;
+    // A configuration of several documents is served alike: the fields
+    // come from its v1alpha1 document.
+    let doc = crate::diff::parse(config.as_bytes())
+        .map_err(|e| Status::internal(format!("machine config: {}", e.message())))?
+        .v1alpha1;
     let field = |path: &[&str]| -> Result<String, Status> {
         let mut value = &doc;
         for key in path {

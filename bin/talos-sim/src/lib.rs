@@ -41,6 +41,7 @@ mod documents;
 pub mod etcd_client;
 mod etcd_health;
 pub mod etcd_process;
+pub mod etcd_tls;
 mod events;
 mod files;
 mod front;
@@ -55,6 +56,7 @@ mod kubeprism;
 mod lifecycle;
 mod machined;
 mod machined_apply;
+mod machined_control;
 mod machined_etcd;
 mod machined_streams;
 mod machined_upgrade;
@@ -93,8 +95,20 @@ pub enum SimError {
         #[source]
         source: std::io::Error,
     },
+    /// The etcd release a node runs is not built.
+    #[error(
+        "etcd {release} is not built ({} is missing): run scripts/etcd.sh {release} \
+         (about a minute), or set TALOS_SIM_ETCD_CACHE to the directory it builds into",
+        .path.display()
+    )]
+    EtcdNotBuilt {
+        /// The release (`v3.6.12`).
+        release: &'static str,
+        /// The binary looked for.
+        path: PathBuf,
+    },
     /// etcd could not be started.
-    #[error("cannot run {}: {source} (install Debian's etcd-server package or set TALOS_SIM_ETCD)", .binary.display())]
+    #[error("cannot run {}: {source} (scripts/etcd.sh builds it)", .binary.display())]
     EtcdSpawn {
         /// The binary tried.
         binary: PathBuf,
@@ -179,6 +193,12 @@ pub struct SimConfig {
     pub etcd_client_port: u16,
     /// etcd peer port on every node (2380); 0 picks a free one.
     pub etcd_peer_port: u16,
+    /// etcd's HTTP port on every node that runs etcd 3.7 (Talos 1.14:
+    /// `/health` and `/metrics` on 2383); 0 picks a free one.
+    pub etcd_http_port: u16,
+    /// Where `scripts/etcd.sh` built the etcd releases the nodes run
+    /// ([`etcd_process::default_etcd_cache`] unless set).
+    pub etcd_cache: PathBuf,
     /// How long a simulated reboot keeps the node down.
     pub boot_delay: Duration,
     /// etcd backend quota, bytes.
@@ -362,6 +382,18 @@ pub enum TalosVersion {
 }
 
 impl TalosVersion {
+    /// The etcd release this Talos runs (`DefaultEtcdVersion`,
+    /// pkg/machinery/constants/constants.go: v3.6.12 at v1.13.9, v3.7.1
+    /// at v1.14.0-rc.1).
+    pub fn etcd_release(self) -> etcd_process::EtcdRelease {
+        match self {
+            TalosVersion::V1_13_9 => etcd_process::EtcdRelease::V3_6_12,
+            TalosVersion::V1_14_0 => etcd_process::EtcdRelease::V3_7_1,
+        }
+    }
+}
+
+impl TalosVersion {
     /// The tag Version reports.
     pub fn tag(self) -> &'static str {
         match self {
@@ -405,6 +437,8 @@ impl SimConfig {
             api_port: 50000,
             etcd_client_port: 2379,
             etcd_peer_port: 2380,
+            etcd_http_port: 2383,
+            etcd_cache: etcd_process::default_etcd_cache(),
             boot_delay: Duration::from_secs(2),
             quota_backend_bytes: 8 << 30,
             workers: 0,
@@ -425,6 +459,7 @@ impl SimConfig {
             api_port: 0,
             etcd_client_port: 0,
             etcd_peer_port: 0,
+            etcd_http_port: 0,
             boot_delay: Duration::from_millis(500),
             ..SimConfig::new(dir, nodes)
         }
@@ -434,24 +469,33 @@ impl SimConfig {
     /// every node, and of four more for nodes added later; gives up after a
     /// bounded number of tries.
     pub(crate) fn pick_free_ports(&mut self) -> Result<(), SimError> {
-        if self.api_port != 0 && self.etcd_client_port != 0 && self.etcd_peer_port != 0 {
+        let fields = [
+            self.api_port,
+            self.etcd_client_port,
+            self.etcd_peer_port,
+            self.etcd_http_port,
+        ];
+        if !fields.contains(&0) {
             return Ok(());
         }
         let addresses: Vec<Ipv4Addr> = (1..=self.nodes + self.workers + 4)
             .map(|i| self.node_ip(i))
             .collect();
         for _ in 0..32 {
-            let Some(ports) = (0..3)
+            let Some(mut ports) = (0..fields.len())
                 .map(|_| free_port_on(&addresses))
                 .collect::<Option<Vec<u16>>>()
             else {
                 continue;
             };
-            if ports[0] != ports[1] && ports[1] != ports[2] && ports[0] != ports[2] {
+            ports.sort_unstable();
+            ports.dedup();
+            if ports.len() == fields.len() {
                 for (field, port) in [
                     &mut self.api_port,
                     &mut self.etcd_client_port,
                     &mut self.etcd_peer_port,
+                    &mut self.etcd_http_port,
                 ]
                 .into_iter()
                 .zip(ports)

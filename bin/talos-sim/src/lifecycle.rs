@@ -326,7 +326,7 @@ async fn add_member(
     if peers.is_empty() {
         return Err("no running etcd member to join".into());
     }
-    let client = EtcdClient::connect(&peers)
+    let client = EtcdClient::connect(&peers, &shared.etcd_pki)
         .await
         .map_err(|s| s.message().to_string())?;
     let list = client

@@ -8,10 +8,12 @@ use std::time::{Duration, SystemTime};
 use tonic::{Request, Response, Status};
 
 use super::auth::authorize;
+use super::machined_control as control;
 use super::machined_etcd as etcd;
 use super::node::{Action, Node, system_volumes};
 use super::shared::Shared;
 use crate::api::cluster::{HealthCheckProgress, HealthCheckRequest};
+use crate::api::etcdserverpb::downgrade_request::DowngradeAction as Downgrade;
 use crate::api::machine;
 use crate::api::server::cluster::cluster_service_server::ClusterService;
 use crate::api::server::machine::machine_service_server::MachineService;
@@ -531,7 +533,9 @@ impl MachineService for Machined {
         request: Request<machine::LogsRequest>,
     ) -> Result<Response<BoxStream<common::Data>>, Status> {
         authorize(&request, "Logs")?;
-        crate::machined_streams::logs(&self.node, request.into_inner()).map(Response::new)
+        crate::machined_streams::logs(&self.node, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn dmesg(
@@ -543,6 +547,107 @@ impl MachineService for Machined {
             &self.node,
             request.into_inner(),
         )))
+    }
+
+    async fn containers(
+        &self,
+        request: Request<machine::ContainersRequest>,
+    ) -> Result<Response<machine::ContainersResponse>, Status> {
+        authorize(&request, "Containers")?;
+        let request = request.into_inner();
+        let found = control::containers(&self.node, &request.namespace, request.driver).await?;
+        one(machine::ContainersResponse {
+            messages: vec![machine::Container {
+                metadata: None,
+                containers: found.into_iter().map(|c| c.info).collect(),
+            }],
+        })
+    }
+
+    async fn service_start(
+        &self,
+        request: Request<machine::ServiceStartRequest>,
+    ) -> Result<Response<machine::ServiceStartResponse>, Status> {
+        authorize(&request, "ServiceStart")?;
+        let resp = control::service_action(&self.node, &request.get_ref().id, "start").await?;
+        one(machine::ServiceStartResponse {
+            messages: vec![machine::ServiceStart {
+                metadata: None,
+                resp,
+            }],
+        })
+    }
+
+    async fn service_stop(
+        &self,
+        request: Request<machine::ServiceStopRequest>,
+    ) -> Result<Response<machine::ServiceStopResponse>, Status> {
+        authorize(&request, "ServiceStop")?;
+        let resp = control::service_action(&self.node, &request.get_ref().id, "stop").await?;
+        one(machine::ServiceStopResponse {
+            messages: vec![machine::ServiceStop {
+                metadata: None,
+                resp,
+            }],
+        })
+    }
+
+    async fn service_restart(
+        &self,
+        request: Request<machine::ServiceRestartRequest>,
+    ) -> Result<Response<machine::ServiceRestartResponse>, Status> {
+        authorize(&request, "ServiceRestart")?;
+        let resp = control::service_action(&self.node, &request.get_ref().id, "restart").await?;
+        one(machine::ServiceRestartResponse {
+            messages: vec![machine::ServiceRestart {
+                metadata: None,
+                resp,
+            }],
+        })
+    }
+
+    async fn etcd_downgrade_validate(
+        &self,
+        request: Request<machine::EtcdDowngradeValidateRequest>,
+    ) -> Result<Response<machine::EtcdDowngradeValidateResponse>, Status> {
+        authorize(&request, "EtcdDowngradeValidate")?;
+        let version = &request.get_ref().version;
+        let cluster_version = control::downgrade(&self.node, Downgrade::Validate, version).await?;
+        one(machine::EtcdDowngradeValidateResponse {
+            messages: vec![machine::EtcdDowngradeValidate {
+                metadata: None,
+                cluster_downgrade: Some(machine::EtcdClusterDowngrade { cluster_version }),
+            }],
+        })
+    }
+
+    async fn etcd_downgrade_enable(
+        &self,
+        request: Request<machine::EtcdDowngradeEnableRequest>,
+    ) -> Result<Response<machine::EtcdDowngradeEnableResponse>, Status> {
+        authorize(&request, "EtcdDowngradeEnable")?;
+        let version = &request.get_ref().version;
+        let cluster_version = control::downgrade(&self.node, Downgrade::Enable, version).await?;
+        one(machine::EtcdDowngradeEnableResponse {
+            messages: vec![machine::EtcdDowngradeEnable {
+                metadata: None,
+                cluster_downgrade: Some(machine::EtcdClusterDowngrade { cluster_version }),
+            }],
+        })
+    }
+
+    async fn etcd_downgrade_cancel(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::EtcdDowngradeCancelResponse>, Status> {
+        authorize(&request, "EtcdDowngradeCancel")?;
+        let cluster_version = control::downgrade(&self.node, Downgrade::Cancel, "").await?;
+        one(machine::EtcdDowngradeCancelResponse {
+            messages: vec![machine::EtcdDowngradeCancel {
+                metadata: None,
+                cluster_downgrade: Some(machine::EtcdClusterDowngrade { cluster_version }),
+            }],
+        })
     }
 
     async fn etcd_status(

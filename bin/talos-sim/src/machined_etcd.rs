@@ -21,16 +21,13 @@ use super::node::Node;
 use super::shared::Shared;
 use crate::api::{common, etcdserverpb as pb, machine};
 
-/// The etcd release Talos 1.14.0 runs.
-pub(crate) const ETCD_VERSION_1_14: &str = "3.7.1";
-
 /// Talos streams snapshots in chunks of this size (pkg/chunker/stream).
 pub(crate) const SNAPSHOT_CHUNK: usize = 1024;
 
 /// A client for every configured control-plane node's etcd, as upstream's
 /// `etcd.NewClientFromControlPlaneIPs`.
 async fn cluster_client(shared: &Shared) -> Result<EtcdClient, Status> {
-    EtcdClient::connect(&shared.control_plane_etcd_urls()).await
+    EtcdClient::connect(&shared.control_plane_etcd_urls(), &shared.etcd_pki).await
 }
 
 fn to_member(m: pb::Member) -> machine::EtcdMember {
@@ -106,7 +103,8 @@ async fn wait_local_member_id(node: &Node, shared: &Shared) -> Result<u64, Statu
     loop {
         if node.etcd_running().await && node.etcd_health.is_healthy() {
             let url = node.etcd_client_url();
-            if let Ok(client) = EtcdClient::connect(std::slice::from_ref(&url)).await
+            if let Ok(client) =
+                EtcdClient::connect(std::slice::from_ref(&url), &shared.etcd_pki).await
                 && let Ok(status) = client.status(&url).await
                 && let Some(header) = status.header
             {
@@ -419,17 +417,9 @@ pub(crate) async fn status(node: &Node) -> Result<machine::EtcdMemberStatus, Sta
     } else {
         s.storage_version
     };
-    // A 1.14 node runs etcd 3.7 (constants.DefaultEtcdVersion at v1.14.0);
-    // the simulator's etcd binary is whatever is installed, so the profile
-    // reports the version that node would run.
-    let (protocol_version, storage_version) = if node.talos_version().at_least_1_14() {
-        (ETCD_VERSION_1_14.to_string(), "3.7.0".to_string())
-    } else {
-        (s.version, storage_version)
-    };
     Ok(machine::EtcdMemberStatus {
         member_id: s.header.map(|h| h.member_id).unwrap_or_default(),
-        protocol_version,
+        protocol_version: s.version,
         db_size: s.db_size,
         db_size_in_use: s.db_size_in_use,
         leader: s.leader,
@@ -498,9 +488,18 @@ pub(crate) async fn bootstrap(
             name: &node.name,
             peer_url: &peer_url,
         };
-        crate::etcd_process::restore_snapshot(&snapshot, target, &initial_cluster, skip_hash_check)
-            .await
+        let binaries = node
+            .etcd_binaries()
             .map_err(|e| Status::unknown(format!("failed to recover etcd: {e}")))?;
+        crate::etcd_process::restore_snapshot(
+            &binaries,
+            &snapshot,
+            target,
+            &initial_cluster,
+            skip_hash_check,
+        )
+        .await
+        .map_err(|e| Status::unknown(format!("failed to recover etcd: {e}")))?;
     }
     node.start_etcd(initial_cluster, crate::etcd_process::ClusterState::New)
         .await

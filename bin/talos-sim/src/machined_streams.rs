@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -84,50 +85,97 @@ fn last_lines(text: &str, tail: i32) -> &str {
     }
 }
 
-/// Logs: the etcd service's log (the only service with one here), its last
-/// `tail_lines` lines, then, with `follow`, what it appends.
-pub(crate) fn logs(
+/// How many bytes one Data message of a log carries at most (upstream's
+/// log chunker reads in 1024-byte chunks, pkg/chunker/stream).
+const LOG_CHUNK: usize = 1024;
+
+/// Logs: a service's log in the system namespace (the simulator keeps
+/// etcd's; every other service's log is empty, as a log Talos has not
+/// written to), or a container's in another namespace (the kube-apiserver
+/// static pod's), its last `tail_lines` lines, then, with `follow`, what it
+/// appends (v1alpha1_server.go: Logs, k8slogs).
+pub(crate) async fn logs(
     node: &Arc<Node>,
     request: machine::LogsRequest,
 ) -> Result<Stream<common::Data>, Status> {
-    if request.id != "etcd" || !node.is_control_plane() {
-        return Err(Status::not_found(format!(
-            "no log for {:?} on this simulated node (it keeps etcd's)",
-            request.id
-        )));
-    }
-    let path = node.etcd_log();
+    let path = if request.namespace == crate::machined_control::SYSTEM_NAMESPACE
+        || request.id == "kubelet"
+    {
+        (request.id == "etcd" && node.is_control_plane()).then(|| node.etcd_log())
+    } else {
+        let containers =
+            crate::machined_control::containers(node, &request.namespace, request.driver).await?;
+        let found = containers
+            .into_iter()
+            .find(|c| container_matches(&c.info, &request.id))
+            .ok_or_else(|| Status::unknown(format!("container \"{}\" not found", request.id)))?;
+        found.log
+    };
+    let Some(path) = path else {
+        return Ok(match request.follow {
+            false => Box::pin(futures::stream::empty()),
+            true => {
+                let token = token(node);
+                Box::pin(
+                    futures::stream::once(async move {
+                        token.cancelled().await;
+                        None
+                    })
+                    .filter_map(|item| async move { item }),
+                )
+            }
+        });
+    };
     let text = std::fs::read_to_string(&path).unwrap_or_default();
-    let first = last_lines(&text, request.tail_lines).as_bytes().to_vec();
+    let first: Vec<Vec<u8>> = last_lines(&text, request.tail_lines)
+        .as_bytes()
+        .chunks(LOG_CHUNK)
+        .map(<[u8]>::to_vec)
+        .collect();
     let offset = text.len() as u64;
     if !request.follow {
-        let items = (!first.is_empty()).then(|| Ok(data(first)));
-        return Ok(Box::pin(futures::stream::iter(items)));
+        return Ok(Box::pin(futures::stream::iter(
+            first.into_iter().map(|c| Ok(data(c))),
+        )));
     }
-    let state = (Some(first), path, offset, token(node));
+    let state = (VecDeque::from(first), path, offset, token(node));
     Ok(Box::pin(futures::stream::unfold(state, follow_file)))
 }
 
-async fn follow_file(
-    mut state: (Option<Vec<u8>>, PathBuf, u64, CancellationToken),
-) -> Option<(
-    Result<common::Data, Status>,
-    (Option<Vec<u8>>, PathBuf, u64, CancellationToken),
-)> {
-    if let Some(first) = state.0.take()
-        && !first.is_empty()
-    {
-        return Some((Ok(data(first)), state));
+/// Whether `id` names the container as upstream's inspectors look one up:
+/// its display id, or a CRI container by `NAMESPACE/POD:NAME` with or
+/// without the container id's prefix.
+fn container_matches(info: &machine::ContainerInfo, id: &str) -> bool {
+    if info.id == id {
+        return true;
     }
+    let mut parts = id.splitn(3, ':');
+    let (Some(pod), Some(name)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let wanted = parts.next().unwrap_or("");
+    info.pod_id == pod && info.name == name && info.internal_id.contains(wanted)
+}
+
+type Follow = (VecDeque<Vec<u8>>, PathBuf, u64, CancellationToken);
+
+async fn follow_file(mut state: Follow) -> Option<(Result<common::Data, Status>, Follow)> {
     loop {
+        if let Some(chunk) = state.0.pop_front() {
+            return Some((Ok(data(chunk)), state));
+        }
         let bytes = std::fs::read(&state.1).unwrap_or_default();
         if (bytes.len() as u64) < state.2 {
             state.2 = 0; // a new log after a restart
         }
         if (bytes.len() as u64) > state.2 {
-            let new = bytes[state.2 as usize..].to_vec();
+            state.0.extend(
+                bytes[state.2 as usize..]
+                    .chunks(LOG_CHUNK)
+                    .map(<[u8]>::to_vec),
+            );
             state.2 = bytes.len() as u64;
-            return Some((Ok(data(new)), state));
+            continue;
         }
         tokio::select! {
             () = state.3.cancelled() => return None,

@@ -133,6 +133,24 @@ fn digest(image: &str) -> String {
 
 #[tonic::async_trait]
 impl ImageService for Machined {
+    /// The images of a containerd namespace (see
+    /// [`crate::machined_control::images`]).
+    async fn list(
+        &self,
+        request: Request<machine::ImageServiceListRequest>,
+    ) -> Result<Response<BoxStream<machine::ImageServiceListResponse>>, Status> {
+        authorize(&request, "List")?;
+        let namespace = request
+            .into_inner()
+            .containerd
+            .map(|c| c.namespace)
+            .unwrap_or_default();
+        let images = super::machined_control::images(&self.node, namespace, digest)?;
+        Ok(Response::new(Box::pin(futures::stream::iter(
+            images.into_iter().map(Ok),
+        ))))
+    }
+
     /// Pulls an installer the simulated registry holds: one layer's
     /// progress (none when already pulled), then the name pinned to its
     /// digest, as upstream answers a reference that is not canonical.
@@ -143,7 +161,9 @@ impl ImageService for Machined {
         use machine::image_service_pull_layer_progress::Status as Layer;
         use machine::image_service_pull_response::Response as Pulled;
         authorize(&request, "Pull")?;
-        let image = request.into_inner().image_ref;
+        let request = request.into_inner();
+        let namespace = request.containerd.map(|c| c.namespace).unwrap_or_default();
+        let image = request.image_ref;
         let Some(version) = image_version(&image) else {
             if self.node.talos_version().at_least_1_14() {
                 tokio::time::sleep(not_found_backoff(self.node.timing.image_pull_retry_unit)).await;
@@ -179,6 +199,7 @@ impl ImageService for Machined {
         self.node
             .upgrade
             .note_pulled(&[&image, &full, &pinned], version);
+        self.node.upgrade.note_listed(namespace, &pinned);
         messages.push(Ok(machine::ImageServicePullResponse {
             response: Some(Pulled::Name(pinned)),
         }));

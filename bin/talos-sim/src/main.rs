@@ -151,6 +151,15 @@ struct UpArgs {
     /// etcd peer port on every node.
     #[arg(long, default_value_t = 2380)]
     etcd_peer_port: u16,
+    /// etcd's HTTP port (health, metrics) on every node that runs etcd 3.7
+    /// (Talos 1.14).
+    #[arg(long, default_value_t = 2383)]
+    etcd_http_port: u16,
+    /// The directory scripts/etcd.sh builds the etcd releases into (one
+    /// etcd-vX.Y.Z/ each): each node runs the release its Talos runs,
+    /// v3.6.12 for 1.13.9, v3.7.1 for 1.14.0 (default: ~/.cache/talos-client).
+    #[arg(long, env = "TALOS_SIM_ETCD_CACHE", value_name = "DIR")]
+    etcd_cache: Option<PathBuf>,
     /// Use a random 127.x.y.0/24 and free ports instead of the above.
     #[arg(long)]
     isolated: bool,
@@ -304,10 +313,14 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
             api_port: args.api_port,
             etcd_client_port: args.etcd_client_port,
             etcd_peer_port: args.etcd_peer_port,
+            etcd_http_port: args.etcd_http_port,
             ..SimConfig::new(&dir, args.nodes)
         }
     };
     cfg.workers = args.workers;
+    if let Some(cache) = args.etcd_cache {
+        cfg.etcd_cache = cache;
+    }
     cfg.second_base_ip = args.second_base_ip;
     if cfg.nodes == 0 {
         bail!("--nodes must be at least 1");

@@ -13,7 +13,8 @@ use tonic::Status;
 
 use super::SimError;
 use super::etcd_client::EtcdClient;
-use super::etcd_process::{ClusterState, EtcdProcess, EtcdSpec};
+use super::etcd_process::{ClusterState, EtcdBinaries, EtcdProcess, EtcdSpec};
+use super::etcd_tls::EtcdPki;
 
 /// The system volumes of a simulated node, by label: the partitions of an
 /// installed Talos 1.13 control plane's system disk, the image cache
@@ -98,6 +99,11 @@ pub struct Node {
     pub(crate) api_port: u16,
     etcd_client_port: u16,
     etcd_peer_port: u16,
+    etcd_http_port: u16,
+    /// Where the etcd releases are built (see `scripts/etcd.sh`).
+    etcd_cache: PathBuf,
+    /// The cluster's etcd CA and machined's etcd client identity.
+    pub(crate) etcd_pki: Arc<EtcdPki>,
     quota_backend_bytes: u64,
     dir: PathBuf,
     pub(crate) server_tls: Arc<ServerConfig>,
@@ -146,6 +152,8 @@ pub struct Node {
     pub(crate) sequence_lock: tokio::sync::Mutex<()>,
     /// A read fault armed for the next snapshot: bytes sent before it.
     boot_id: Mutex<String>,
+    /// When the node last booted.
+    booted: Mutex<std::time::SystemTime>,
     snapshot_fault: Mutex<Option<u64>>,
     /// While the node is partitioned: the listener that holds its API
     /// address and never accepts, so callers connect and hear nothing.
@@ -207,6 +215,9 @@ pub(crate) struct NodeLayout {
     pub api_port: u16,
     pub etcd_client_port: u16,
     pub etcd_peer_port: u16,
+    pub etcd_http_port: u16,
+    pub etcd_cache: PathBuf,
+    pub etcd_pki: Arc<EtcdPki>,
     pub quota_backend_bytes: u64,
     pub dir: PathBuf,
     pub server_tls: Arc<ServerConfig>,
@@ -234,6 +245,9 @@ impl Node {
             api_port: layout.api_port,
             etcd_client_port: layout.etcd_client_port,
             etcd_peer_port: layout.etcd_peer_port,
+            etcd_http_port: layout.etcd_http_port,
+            etcd_cache: layout.etcd_cache,
+            etcd_pki: layout.etcd_pki,
             quota_backend_bytes: layout.quota_backend_bytes,
             dir: layout.dir,
             server_tls: layout.server_tls,
@@ -264,6 +278,7 @@ impl Node {
             kmsg: Mutex::new(Vec::new()),
             sequence_lock: tokio::sync::Mutex::new(()),
             boot_id: Mutex::new(new_boot_id()),
+            booted: Mutex::new(std::time::SystemTime::now()),
             snapshot_fault: Mutex::new(None),
             blackhole: Mutex::new(None),
             unanswered: std::sync::atomic::AtomicU64::new(0),
@@ -341,14 +356,28 @@ impl Node {
         self.dir.join("etcd.log")
     }
 
-    /// The node's etcd client URL.
+    /// The node's etcd client URL (gRPC; HTTP too before etcd 3.7).
     pub fn etcd_client_url(&self) -> String {
-        format!("http://{}:{}", self.ip, self.etcd_client_port)
+        format!("https://{}:{}", self.ip, self.etcd_client_port)
     }
 
     /// The node's etcd peer URL.
     pub fn etcd_peer_url(&self) -> String {
-        format!("http://{}:{}", self.ip, self.etcd_peer_port)
+        format!("https://{}:{}", self.ip, self.etcd_peer_port)
+    }
+
+    /// The URL of etcd's HTTP endpoints (`/health`, `/metrics`): their own
+    /// port under Talos 1.14 (etcd 3.7), the client URL before.
+    pub fn etcd_http_url(&self) -> String {
+        match self.talos_version().etcd_release() {
+            super::etcd_process::EtcdRelease::V3_6_12 => self.etcd_client_url(),
+            _ => format!("https://{}:{}", self.ip, self.etcd_http_port),
+        }
+    }
+
+    /// The etcd binaries of the release this node's Talos runs.
+    pub(crate) fn etcd_binaries(&self) -> Result<EtcdBinaries, SimError> {
+        EtcdBinaries::find(&self.etcd_cache, self.talos_version().etcd_release())
     }
 
     /// The node's API address.
@@ -478,17 +507,20 @@ impl Node {
         self.events.lock().expect("events lock").clone()
     }
 
-    fn spec(&self, initial_cluster: String, state: ClusterState) -> EtcdSpec {
-        EtcdSpec {
+    fn spec(&self, initial_cluster: String, state: ClusterState) -> Result<EtcdSpec, SimError> {
+        Ok(EtcdSpec {
             name: self.name.clone(),
             ip: self.ip,
             client_port: self.etcd_client_port,
             peer_port: self.etcd_peer_port,
+            http_port: self.etcd_http_port,
             data_dir: self.etcd_data_dir(),
             initial_cluster,
             state,
             quota_backend_bytes: self.quota_backend_bytes,
-        }
+            binaries: self.etcd_binaries()?,
+            certs_dir: self.dir.join("etcd-pki"),
+        })
     }
 
     /// Starts etcd as a member of a new cluster (`name=peer-url,...`).
@@ -502,12 +534,16 @@ impl Node {
             return Ok(());
         }
         self.record("Starting service", "Preparing");
-        let process =
-            EtcdProcess::start(self.spec(initial_cluster, state), &self.etcd_log()).await?;
+        let spec = self.spec(initial_cluster, state)?;
+        let process = EtcdProcess::start(spec, &self.etcd_pki, &self.etcd_log()).await?;
         *slot = Some(process);
         self.record("Started task etcd for container etcd", "Running");
-        self.etcd_health
-            .start(self.etcd_client_url(), self.timing, self.events.clone());
+        self.etcd_health.start(
+            self.etcd_client_url(),
+            self.etcd_pki.clone(),
+            self.timing,
+            self.events.clone(),
+        );
         Ok(())
     }
 
@@ -566,6 +602,18 @@ impl Node {
     }
 
     /// A new boot: a new boot id.
+    /// When the node last booted.
+    pub(crate) fn boot_time(&self) -> prost_types::Timestamp {
+        let at = *self.booted.lock().expect("boot time lock");
+        let d = at
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        prost_types::Timestamp {
+            seconds: d.as_secs() as i64,
+            nanos: d.subsec_nanos() as i32,
+        }
+    }
+
     /// Queues `action` for the node's supervisor.
     pub(crate) fn queue(&self, action: Action) {
         if self.actions.send(action).is_err() {
@@ -580,6 +628,7 @@ impl Node {
 
     pub(crate) fn new_boot(&self) {
         *self.boot_id.lock().expect("boot id lock") = new_boot_id();
+        *self.booted.lock().expect("boot time lock") = std::time::SystemTime::now();
         self.kubelet.start();
     }
 
@@ -734,11 +783,11 @@ impl Node {
             return Err(Status::unavailable(format!(
                 "etcd is not running on {}: dial tcp {}: connect: connection refused",
                 self.name,
-                self.etcd_client_url().trim_start_matches("http://")
+                self.etcd_client_url().trim_start_matches("https://")
             )));
         }
         let url = self.etcd_client_url();
-        let client = EtcdClient::connect(std::slice::from_ref(&url)).await?;
+        let client = EtcdClient::connect(std::slice::from_ref(&url), &self.etcd_pki).await?;
         Ok((client, url))
     }
 

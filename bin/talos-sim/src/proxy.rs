@@ -32,6 +32,10 @@ pub(crate) fn method_kind(path: &str) -> MethodKind {
     match path {
         "/machine.MachineService/EtcdSnapshot"
         | "/machine.MachineService/Read"
+        | "/machine.MachineService/Logs"
+        | "/machine.MachineService/Events"
+        | "/machine.MachineService/Dmesg"
+        | "/machine.ImageService/List"
         | "/machine.MachineService/Kubeconfig"
         | "/machine.ImageService/Pull"
         | "/machine.LifecycleService/Upgrade"

@@ -14,6 +14,7 @@ use tonic::transport::Channel;
 use crate::SimConfig;
 use crate::SimError;
 use crate::etcd_client::EtcdClient;
+use crate::etcd_tls::EtcdPki;
 use crate::node::{Node, NodeLayout, Power};
 use crate::pki::{Ca, LeafSpec};
 use talos_client::tls::Credentials;
@@ -56,6 +57,8 @@ impl NodeInfo {
 pub(crate) struct Shared {
     pub cfg: SimConfig,
     pub(crate) ca: Ca,
+    /// The etcd CA and machined's etcd client identity.
+    pub(crate) etcd_pki: Arc<EtcdPki>,
     pub(crate) nodes: RwLock<Vec<Arc<Node>>>,
     /// The identity apids use to forward calls to each other.
     pub(crate) proxy_identity: Credentials,
@@ -86,7 +89,7 @@ impl Shared {
         count: usize,
         value_size: usize,
     ) -> Result<(), SimError> {
-        let client = EtcdClient::connect(&self.control_plane_etcd_urls()).await?;
+        let client = EtcdClient::connect(&self.control_plane_etcd_urls(), &self.etcd_pki).await?;
         let value = vec![b'x'; value_size];
         for i in 0..count {
             client
@@ -97,7 +100,7 @@ impl Shared {
     }
 
     pub(crate) async fn clear(&self, prefix: &str) -> Result<i64, SimError> {
-        let client = EtcdClient::connect(&self.control_plane_etcd_urls()).await?;
+        let client = EtcdClient::connect(&self.control_plane_etcd_urls(), &self.etcd_pki).await?;
         Ok(client.delete_prefix_and_compact(prefix.as_bytes()).await?)
     }
 
@@ -173,6 +176,9 @@ impl Shared {
                 api_port: cfg.api_port,
                 etcd_client_port: cfg.etcd_client_port,
                 etcd_peer_port: cfg.etcd_peer_port,
+                etcd_http_port: cfg.etcd_http_port,
+                etcd_cache: cfg.etcd_cache.clone(),
+                etcd_pki: self.etcd_pki.clone(),
                 quota_backend_bytes: cfg.quota_backend_bytes,
                 server_tls,
                 maintenance_tls,
@@ -233,7 +239,7 @@ impl Shared {
     pub(crate) async fn wait_for_leader(&self, timeout: Duration) -> Result<(), SimError> {
         let deadline = Instant::now() + timeout;
         let urls = self.control_plane_etcd_urls();
-        let client = EtcdClient::connect(&urls).await?;
+        let client = EtcdClient::connect(&urls, &self.etcd_pki).await?;
         loop {
             let mut leaders = Vec::new();
             for url in &urls {

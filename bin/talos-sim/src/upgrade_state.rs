@@ -68,6 +68,9 @@ pub(crate) struct UpgradeState {
     /// Pulled images by the names containerd knows them by, with the
     /// version each boots.
     pulled: Mutex<BTreeMap<String, TalosVersion>>,
+    /// The pulled images each containerd namespace lists (namespace as
+    /// `common.ContainerdNamespace`, the name pinned to its digest).
+    listed: Mutex<std::collections::BTreeSet<(i32, String)>>,
     installed: Mutex<Option<TalosVersion>>,
     fault: Mutex<Option<UpgradeFault>>,
     /// LifecycleService's lock: one install or upgrade at a time.
@@ -81,6 +84,25 @@ impl UpgradeState {
         for name in names {
             pulled.insert((*name).to_string(), version);
         }
+    }
+
+    /// Records that `pinned` was pulled into `namespace`.
+    pub(crate) fn note_listed(&self, namespace: i32, pinned: &str) {
+        self.listed
+            .lock()
+            .expect("listed lock")
+            .insert((namespace, pinned.to_string()));
+    }
+
+    /// The images pulled into `namespace`, pinned to their digests.
+    pub(crate) fn listed(&self, namespace: i32) -> Vec<String> {
+        self.listed
+            .lock()
+            .expect("listed lock")
+            .iter()
+            .filter(|(ns, _)| *ns == namespace)
+            .map(|(_, name)| name.clone())
+            .collect()
     }
 
     /// The version a pulled image boots, if `name` was pulled.

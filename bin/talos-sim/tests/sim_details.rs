@@ -39,9 +39,11 @@ async fn a_failure_to_persist_the_configuration_is_unknown() {
     );
 }
 
-fn etcdctl(endpoint: &str, args: &[&str]) {
-    let output = std::process::Command::new(talos_sim::etcd_process::etcdctl_binary())
-        .env("ETCDCTL_API", "3")
+fn etcdctl(sim: &SimCluster, endpoint: &str, args: &[&str]) {
+    let output = sim
+        .cluster
+        .etcdctl()
+        .expect("the etcd release is built")
         .arg("--endpoints")
         .arg(endpoint)
         .args(args)
@@ -65,10 +67,10 @@ async fn a_snapshot_etcd_refuses_at_open_is_ok_with_no_data() {
     let endpoint = node.etcd_client_url();
     // With authentication on, etcd refuses a snapshot without credentials
     // before sending anything ("auth: user name is empty").
-    etcdctl(&endpoint, &["role", "add", "root"]);
-    etcdctl(&endpoint, &["user", "add", "root:sim-root"]);
-    etcdctl(&endpoint, &["user", "grant-role", "root", "root"]);
-    etcdctl(&endpoint, &["auth", "enable"]);
+    etcdctl(&sim, &endpoint, &["role", "add", "root"]);
+    etcdctl(&sim, &endpoint, &["user", "add", "root:sim-root"]);
+    etcdctl(&sim, &endpoint, &["user", "grant-role", "root", "root"]);
+    etcdctl(&sim, &endpoint, &["auth", "enable"]);
     let client = sim
         .admin()
         .with_call_timeout(Duration::from_secs(30))

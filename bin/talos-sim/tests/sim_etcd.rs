@@ -77,7 +77,9 @@ async fn status_forfeit_and_remove_member() {
             .iter()
             .all(|(_, s)| s.leader == leader_id && !s.is_learner)
     );
-    assert_eq!(statuses[0].1.storage_version, "3.4.0");
+    // Talos 1.13.9 runs etcd v3.6.12, whose storage version is 3.6.0.
+    assert_eq!(statuses[0].1.protocol_version, "3.6.12");
+    assert_eq!(statuses[0].1.storage_version, "3.6.0");
     let (leader_node, _) = statuses
         .iter()
         .find(|(_, s)| s.is_leader())
@@ -122,9 +124,10 @@ async fn alarms_defragment_and_services() {
     assert!(client.etcd_alarm_list().await.unwrap().is_empty());
 
     let status = client.etcd_status().await.unwrap();
-    let etcd = talos_sim::etcd_client::EtcdClient::connect(&[sim.cluster.nodes()[0]
-        .etcd_client_url
-        .clone()])
+    let etcd = talos_sim::etcd_client::EtcdClient::connect(
+        &[sim.cluster.nodes()[0].etcd_client_url.clone()],
+        &sim.cluster.etcd_pki(),
+    )
     .await
     .unwrap();
     etcd.alarm_activate(
@@ -278,7 +281,7 @@ async fn forfeit_picks_the_first_other_member_even_a_learner() {
         .iter()
         .map(|n| n.etcd_client_url.clone())
         .collect();
-    let etcd = talos_sim::etcd_client::EtcdClient::connect(&urls)
+    let etcd = talos_sim::etcd_client::EtcdClient::connect(&urls, &sim.cluster.etcd_pki())
         .await
         .unwrap();
     let mut voters: Vec<u64> = etcd

@@ -131,7 +131,9 @@ async fn local_etcd_calls_wait_for_etcd_until_the_callers_deadline() {
         }
         for name in ["cp-1", "cp-2"] {
             let url = sim.cluster.node(name).unwrap().etcd_client_url();
-            let etcd = EtcdClient::connect(std::slice::from_ref(&url)).await.ok()?;
+            let etcd = EtcdClient::connect(std::slice::from_ref(&url), &sim.cluster.etcd_pki())
+                .await
+                .ok()?;
             if etcd.status(&url).await.ok()?.header?.member_id == leader.0 {
                 let _ = etcd.move_leader(&url, own_id.0).await;
             }

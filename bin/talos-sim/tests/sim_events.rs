@@ -219,14 +219,79 @@ async fn logs_serve_etcds_log_and_dmesg_the_boot() {
         .into_inner();
     let text = read(dmesg).await;
     assert!(text.contains("hostname set to cp-1"), "{text}");
+    // Each message as machined formats it: FACILITY: PRIORITY (seven
+    // columns): [RFC 3339 time]: text.
+    for line in text.lines() {
+        let (facility, rest) = line.split_once(": ").unwrap();
+        assert!(["kern", "user"].contains(&facility), "{line}");
+        let (priority, rest) = rest.split_at(7);
+        assert!(["   info", "warning"].contains(&priority), "{line}");
+        let stamp = rest.strip_prefix(": [").unwrap().split(']').next().unwrap();
+        time::OffsetDateTime::parse(stamp, &time::format_description::well_known::Rfc3339)
+            .unwrap_or_else(|e| panic!("{stamp}: {e}"));
+    }
+    // Upstream serves any service's log in the system namespace: one
+    // nothing was written to is empty, not an error.
+    let kubelet = stub
+        .logs(LogsRequest {
+            namespace: "system".into(),
+            id: "kubelet".into(),
+            tail_lines: -1,
+            ..LogsRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(read(kubelet).await, "");
+    // A container that does not exist in another namespace is an error.
     let err = stub
         .logs(LogsRequest {
-            id: "kubelet".into(),
+            namespace: "k8s.io".into(),
+            driver: talos_client::api::common::ContainerDriver::Cri as i32,
+            id: "kube-system/nothing:here".into(),
+            tail_lines: -1,
             ..LogsRequest::default()
         })
         .await
         .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::NotFound);
+    assert_eq!(
+        err.message(),
+        "container \"kube-system/nothing:here\" not found"
+    );
+    let err = stub
+        .logs(LogsRequest {
+            id: "etcd".into(),
+            tail_lines: -1,
+            ..LogsRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert_eq!(err.message(), "namespace can't be empty");
+}
+
+/// A log goes out in messages of at most 1024 bytes, as upstream's log
+/// chunker reads it.
+#[tokio::test]
+async fn a_log_arrives_in_chunks_of_at_most_1024_bytes() {
+    let sim = start().await;
+    let mut stub = sim.admin().node(sim.ip(1)).machine_service().await.unwrap();
+    let mut logs = stub
+        .logs(LogsRequest {
+            namespace: "system".into(),
+            id: "etcd".into(),
+            tail_lines: -1,
+            ..LogsRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut sizes = Vec::new();
+    while let Some(item) = logs.next().await {
+        sizes.push(item.unwrap().bytes.len());
+    }
+    assert!(sizes.len() > 1, "{sizes:?}");
+    assert!(sizes.iter().all(|s| *s <= 1024 && *s > 0), "{sizes:?}");
 }
 
 /// A reset while another sequence holds machined's sequencer lock is

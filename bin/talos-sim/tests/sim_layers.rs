@@ -19,6 +19,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("cosi", 3),
     ("machined", 3),
     ("machined_apply", 3),
+    ("machined_control", 3),
     ("machined_streams", 3),
     ("machined_upgrade", 3),
     ("maintenance", 3),

@@ -126,7 +126,7 @@ async fn refusals_change_nothing() {
         .iter()
         .map(|n| n.etcd_client_url.clone())
         .collect();
-    let etcd = talos_sim::etcd_client::EtcdClient::connect(&urls)
+    let etcd = talos_sim::etcd_client::EtcdClient::connect(&urls, &f.sim.cluster.etcd_pki())
         .await
         .unwrap();
     let learner = wait_for(

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::ClientConfig;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
-use crate::etcd_tls::{Connector, EtcdPki};
+use crate::etcd_tls::{Connector, DeadlineChannel, EtcdPki};
 
 use crate::api::etcdserverpb::cluster_client::ClusterClient;
 use crate::api::etcdserverpb::kv_client::KvClient;
@@ -41,13 +41,14 @@ fn membership<T>(message: T, timeout: Option<Duration>) -> tonic::Request<T> {
 /// Channels to one or more etcd members, tried in order.
 #[derive(Clone)]
 pub struct EtcdClient {
-    members: Vec<(String, Channel)>,
+    members: Vec<(String, DeadlineChannel)>,
     tls: Arc<ClientConfig>,
 }
 
 /// A lazily connected channel to the member at `url` (`https://ip:port`),
-/// over TLS with `tls` (see [`crate::etcd_tls`]).
-fn channel(url: &str, tls: &Arc<ClientConfig>) -> Result<Channel, tonic::Status> {
+/// over TLS with `tls` (see [`crate::etcd_tls`]); no connect timeout: a
+/// call waits for its own deadline ([`DeadlineChannel`]).
+fn channel(url: &str, tls: &Arc<ClientConfig>) -> Result<DeadlineChannel, tonic::Status> {
     let invalid = |e: String| tonic::Status::invalid_argument(format!("etcd URL {url:?}: {e}"));
     let uri: http::Uri = url
         .parse()
@@ -60,10 +61,11 @@ fn channel(url: &str, tls: &Arc<ClientConfig>) -> Result<Channel, tonic::Status>
         host: host.to_string(),
         port,
     };
-    Ok(Endpoint::from_shared(url.to_string())
-        .map_err(|e| invalid(e.to_string()))?
-        .connect_timeout(Duration::from_secs(2))
-        .connect_with_connector_lazy(connector))
+    Ok(DeadlineChannel(
+        Endpoint::from_shared(url.to_string())
+            .map_err(|e| invalid(e.to_string()))?
+            .connect_with_connector_lazy(connector),
+    ))
 }
 
 /// `d` moved at random by up to `fraction` of it either way, as etcd's
@@ -71,6 +73,19 @@ fn channel(url: &str, tls: &Arc<ClientConfig>) -> Result<Channel, tonic::Status>
 fn jitter_up(d: Duration, fraction: f64) -> Duration {
     let unit = (crate::random_u64() % 1_000_000) as f64 / 1_000_000.0;
     d.mul_f64(1.0 + fraction * (unit * 2.0 - 1.0))
+}
+
+/// Whether `status` is the transport's, not the member's: a connection
+/// refused or reset (Unavailable), or a TLS connection that did not
+/// complete within the connect timeout, as to a frozen member (tonic
+/// reports that as Unknown "transport error"). A status a member sent
+/// carries no source. grpc-go's balancer skips such a connection.
+fn unreachable(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
+        && matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::Unknown
+        )
 }
 
 fn with_timeout<T>(message: T) -> tonic::Request<T> {
@@ -104,7 +119,7 @@ impl EtcdClient {
         Ok(EtcdClient { members, tls })
     }
 
-    fn channel_for(&self, url: &str) -> Result<Channel, tonic::Status> {
+    fn channel_for(&self, url: &str) -> Result<DeadlineChannel, tonic::Status> {
         match self.members.iter().find(|(u, _)| u == url) {
             Some((_, ch)) => Ok(ch.clone()),
             None => channel(url, &self.tls),
@@ -115,13 +130,17 @@ impl EtcdClient {
     /// `Unavailable`.
     async fn first_answer<T, F, Fut>(&self, call: &F) -> Result<T, tonic::Status>
     where
-        F: Fn(Channel) -> Fut,
+        F: Fn(DeadlineChannel) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let mut last = tonic::Status::unavailable("no etcd endpoints");
         for (_, ch) in &self.members {
             match call(ch.clone()).await {
-                Err(status) if status.code() == tonic::Code::Unavailable => last = status,
+                Err(status)
+                    if status.code() == tonic::Code::Unavailable || unreachable(&status) =>
+                {
+                    last = status
+                }
                 other => return other,
             }
         }
@@ -140,7 +159,7 @@ impl EtcdClient {
     /// drops this future) ends the retries earlier.
     async fn repeatable<T, F, Fut>(&self, call: &F) -> Result<T, tonic::Status>
     where
-        F: Fn(Channel) -> Fut,
+        F: Fn(DeadlineChannel) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         const MAX_ATTEMPTS: usize = 100;
@@ -148,7 +167,7 @@ impl EtcdClient {
         let quorum = self.members.len() / 2 + 1;
         let mut reachable: Vec<bool> = vec![true; self.members.len()];
         let mut answered: Option<tonic::Status> = None;
-        let mut unreachable = tonic::Status::unavailable("no etcd endpoints");
+        let mut unreachable_status = tonic::Status::unavailable("no etcd endpoints");
         let mut next = 0;
         for attempt in 0..MAX_ATTEMPTS {
             if attempt > 0 && attempt % quorum == 0 {
@@ -162,20 +181,17 @@ impl EtcdClient {
             };
             next = index + 1;
             match call(self.members[index].1.clone()).await {
+                Err(status) if unreachable(&status) => {
+                    reachable[index] = false;
+                    unreachable_status = status;
+                }
                 Err(status) if status.code() == tonic::Code::Unavailable => {
-                    // A status the member sent has no source; one made by
-                    // the transport (refused, reset) carries its error.
-                    if std::error::Error::source(&status).is_some() {
-                        reachable[index] = false;
-                        unreachable = status;
-                    } else {
-                        answered = Some(status);
-                    }
+                    answered = Some(status);
                 }
                 other => return other,
             }
         }
-        Err(answered.unwrap_or(unreachable))
+        Err(answered.unwrap_or(unreachable_status))
     }
 
     /// Lists the members through a reachable member (retried as

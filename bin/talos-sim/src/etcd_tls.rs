@@ -183,3 +183,76 @@ impl tower::Service<http::Uri> for Connector {
         })
     }
 }
+
+/// A channel to an etcd member whose calls end at the deadline they carry
+/// (`grpc-timeout`), the wait for a connection included, as grpc-go's calls
+/// end at their context's deadline: etcd's client waits for a ready
+/// connection (WaitForReady), so a member that accepts the connection and
+/// never completes the TLS handshake (a frozen process) holds a call until
+/// its deadline, as on a Talos node, instead of failing at a connect
+/// timeout. A call without a deadline waits until its caller gives up.
+#[derive(Clone)]
+pub(crate) struct DeadlineChannel(pub(crate) tonic::transport::Channel);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower::Service<http::Request<tonic::body::Body>> for DeadlineChannel {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.0.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let deadline = request
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(grpc_timeout);
+        let call = self.0.call(request);
+        Box::pin(async move {
+            match deadline {
+                None => call.await.map_err(Into::into),
+                Some(deadline) => match tokio::time::timeout(deadline, call).await {
+                    Ok(result) => result.map_err(Into::into),
+                    Err(_) => Err(Box::new(tonic::Status::deadline_exceeded(
+                        "context deadline exceeded",
+                    )) as BoxError),
+                },
+            }
+        })
+    }
+}
+
+/// A `grpc-timeout` header's value: digits and a unit (H, M, S, m, u, n).
+fn grpc_timeout(value: &str) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grpc_timeout;
+    use std::time::Duration;
+
+    #[test]
+    fn grpc_timeouts_parse_with_their_units() {
+        assert_eq!(grpc_timeout("10S"), Some(Duration::from_secs(10)));
+        assert_eq!(grpc_timeout("1500m"), Some(Duration::from_millis(1500)));
+        assert_eq!(grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(grpc_timeout("5x"), None);
+        assert_eq!(grpc_timeout(""), None);
+    }
+}

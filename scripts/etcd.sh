@@ -53,7 +53,11 @@ plain="${version#v}"
 reports() {
 	local arg=version
 	[ "${1##*/}" = etcd ] && arg=--version
-	[ -x "$1" ] && "$1" "$arg" 2>/dev/null | grep -qiE "^(etcd|etcdctl|etcdutl) version: $plain\$"
+	local out
+	# Read all of it first: grep -q stops reading at its match, and the
+	# binary's SIGPIPE would fail the pipeline (pipefail).
+	[ -x "$1" ] && out="$("$1" "$arg" 2>/dev/null)" &&
+		grep -qiE "^(etcd|etcdctl|etcdutl) version: $plain\$" <<<"$out"
 }
 
 if reports "$cache/etcd" && reports "$cache/etcdutl" && reports "$cache/etcdctl"; then
@@ -100,6 +104,6 @@ build etcd go.etcd.io/etcd/server/v3 "$version" .
 build etcdutl go.etcd.io/etcd/etcdutl/v3 "$tools_version" .
 build etcdctl go.etcd.io/etcd/etcdctl/v3 "$tools_version" .
 for b in etcd etcdutl etcdctl; do
-	reports "$cache/$b" || die "$cache/$b does not report version $plain: $("$cache/$b" version 2>&1 | head -1)"
+	reports "$cache/$b" || die "$cache/$b does not report version $plain"
 done
 echo "$cache/etcd"

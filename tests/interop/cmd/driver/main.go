@@ -1,8 +1,8 @@
 // Command driver runs upstream Talos's official Go client
 // (pkg/machinery/client) against a running talos-sim cluster and checks what
 // it sees: routing by `node` and `nodes`, hostnames in metadata, etcd calls,
-// snapshots, apply-config, leave, reset and how a powered-off node's error
-// reaches the client.
+// snapshots, logs, events, kernel messages, containers, apply-config,
+// leave, reset and how a powered-off node's error reaches the client.
 //
 // Usage:
 //
@@ -179,6 +179,11 @@ func (d *driver) checks() []check {
 		{"etcd-status", d.etcdStatus},
 		{"etcd-alarm-list", d.etcdAlarmList},
 		{"service-list", d.serviceList},
+		{"logs-etcd", d.logsEtcd},
+		{"logs-follow", d.logsFollow},
+		{"events-tail", d.eventsTail},
+		{"dmesg", d.dmesg},
+		{"containers", d.containers},
 		{"cosi-machine-config", d.cosiMachineConfig},
 		{"cosi-machine-status", d.cosiMachineStatus},
 		{"cosi-members", d.cosiMembers},

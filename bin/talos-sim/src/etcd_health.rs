@@ -106,7 +106,8 @@ async fn check(url: &str, pki: &EtcdPki, timing: TalosTiming) -> Result<(), Stri
         Ok(Ok(())) => Ok(()),
         // Permission denied went through consensus: healthy (ValidateQuorum).
         Ok(Err(s)) if s.code() == tonic::Code::PermissionDenied => Ok(()),
-        Ok(Err(s)) => Err(s.message().to_string()),
+        // As the Go client's error reads: a deadline is the context's.
+        Ok(Err(s)) => Err(super::go_errors::EtcdError::from_status(&s).text()),
         Err(_) => Err("context deadline exceeded".to_string()),
     }
 }

@@ -52,11 +52,18 @@ async fn reset_without_reboot_powers_the_node_off() {
     let actor = target.reset(request).await.expect("reset accepted");
     assert_eq!(actor.len(), 36, "a UUID actor id: {actor}");
     wait_down(&target).await;
-    // Proxied calls to it fail too, and its volumes were wiped.
+    // Proxied calls to it fail too, and its volumes are wiped: after the
+    // API went (Talos stops every service, apid and etcd among them,
+    // before resetSystemDisk), once etcd stopped, which takes a leader's
+    // etcd a leadership transfer.
     assert!(admin.node(sim.ip(3)).version().await.is_err());
     let node = sim.cluster.node("cp-3").unwrap();
-    assert!(!node.config_path().exists());
-    assert!(!node.etcd_data_dir().exists());
+    wait_for(
+        "STATE and EPHEMERAL wiped",
+        Duration::from_secs(30),
+        || async { (!node.config_path().exists() && !node.etcd_data_dir().exists()).then_some(()) },
+    )
+    .await;
     assert!(
         node.volume("META").join("meta").exists(),
         "META was not asked to be wiped"

@@ -26,10 +26,12 @@ mod data_stream;
 mod error;
 mod etcd;
 mod kubeconfig;
+mod node_streams;
 mod read;
 mod reply;
 pub mod resources;
 mod resources_specs;
+mod services;
 mod system;
 pub(crate) mod transport;
 mod upgrade;
@@ -48,7 +50,11 @@ pub use apply_reset::{
 };
 pub use error::{ConnectAttempt, Error, Failure};
 pub use etcd::{AlarmType, ByteStream, EtcdMember, EtcdMemberStatus, MemberAlarm, MemberId};
+pub use node_streams::{
+    Event, EventPayload, EventStream, EventsRequest, LogsRequest, NodeDataStream,
+};
 pub use reply::{NodeResult, NodeResults};
+pub use services::{ContainerInfo, ContainerNamespace, DowngradeAction, ImageInfo, ServiceAction};
 pub use system::{HealthCheckRequest, ServiceEvent, ServiceHealth, ServiceInfo, VersionInfo};
 pub use upgrade::{
     ImageNamespace, InstallProgress, PullProgress, TalosVersion, UpgradeAck, UpgradePath,

@@ -17,6 +17,15 @@ pub struct NodeResult<T> {
 }
 
 impl<T> NodeResult<T> {
+    /// One node's outcome (for callers that call each node themselves and
+    /// collect the answers as a fanned-out call returns them).
+    pub fn new(node: impl Into<String>, result: Result<T, Error>) -> Self {
+        NodeResult {
+            node: node.into(),
+            result,
+        }
+    }
+
     /// Maps the success value.
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> NodeResult<U> {
         NodeResult {
@@ -59,6 +68,13 @@ macro_rules! talos_response {
 talos_response! {
     machine::ApplyConfigurationResponse => machine::ApplyConfiguration,
     machine::BootstrapResponse => machine::Bootstrap,
+    machine::ContainersResponse => machine::Container,
+    machine::EtcdDowngradeValidateResponse => machine::EtcdDowngradeValidate,
+    machine::EtcdDowngradeEnableResponse => machine::EtcdDowngradeEnable,
+    machine::EtcdDowngradeCancelResponse => machine::EtcdDowngradeCancel,
+    machine::ServiceStartResponse => machine::ServiceStart,
+    machine::ServiceStopResponse => machine::ServiceStop,
+    machine::ServiceRestartResponse => machine::ServiceRestart,
     machine::EtcdMemberListResponse => machine::EtcdMembers,
     machine::EtcdRemoveMemberByIdResponse => machine::EtcdRemoveMemberById,
     machine::EtcdLeaveClusterResponse => machine::EtcdLeaveCluster,

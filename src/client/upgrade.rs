@@ -86,7 +86,7 @@ pub enum ImageNamespace {
 
 impl ImageNamespace {
     // As talosctl maps its --namespace flag (cmd/talosctl/cmd/talos/image.go).
-    fn to_wire(self) -> common::ContainerdInstance {
+    pub(crate) fn to_wire(self) -> common::ContainerdInstance {
         let (driver, namespace) = match self {
             ImageNamespace::System => (
                 common::ContainerDriver::Cri,

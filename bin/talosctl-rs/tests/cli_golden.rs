@@ -20,32 +20,45 @@ const COMMANDS: &[(&str, &[&str])] = &[
     ("etcd-status", &["etcd", "status"]),
     ("config-info", &["config", "info"]),
     ("config-contexts", &["config", "contexts"]),
+    ("containers", &["containers"]),
+    (
+        "etcd-downgrade-validate",
+        &["etcd", "downgrade", "validate", "3.5"],
+    ),
+    ("image-list", &["image", "list", "--namespace", "system"]),
 ];
+
+/// Commands that print the node's text as it comes (no -o json or yaml).
+const TEXT_ONLY: &[(&str, &[&str])] = &[("dmesg", &["dmesg"])];
 
 #[tokio::test]
 async fn output_matches_the_golden_files() {
     let sim = SimCluster::start(1).await;
+    // Services' events settle once etcd's first health check passed.
+    sim.wait_etcd_healthy(1).await;
     let talosconfig = sim.dir.path().join("talosconfig");
     let mut mismatches = Vec::new();
-    for (name, args) in COMMANDS {
-        for format in ["table", "json", "yaml"] {
-            let mut argv = vec!["-o", format];
-            argv.extend_from_slice(args);
-            let out = run(&talosconfig, &argv).await.ok();
-            let got = normalise(&out.stdout, format == "table");
-            let path = golden_dir().join(format!("{name}.{format}"));
-            if std::env::var_os("UPDATE_GOLDEN").is_some() {
-                std::fs::write(&path, &got).unwrap();
-                continue;
-            }
-            let want = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
-            if got != want {
-                mismatches.push(format!(
-                    "{}:\n--- want\n{want}--- got\n{got}",
-                    path.display()
-                ));
-            }
+    let runs = COMMANDS
+        .iter()
+        .flat_map(|(name, args)| ["table", "json", "yaml"].map(|f| (*name, *args, f)))
+        .chain(TEXT_ONLY.iter().map(|(name, args)| (*name, *args, "table")));
+    for (name, args, format) in runs {
+        let mut argv = vec!["-o", format];
+        argv.extend_from_slice(args);
+        let out = run(&talosconfig, &argv).await.ok();
+        let got = normalise(&out.stdout, format == "table");
+        let path = golden_dir().join(format!("{name}.{format}"));
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, &got).unwrap();
+            continue;
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
+        if got != want {
+            mismatches.push(format!(
+                "{}:\n--- want\n{want}--- got\n{got}",
+                path.display()
+            ));
         }
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
@@ -62,6 +75,9 @@ fn normalise(text: &str, table: bool) -> String {
         (r"127(\.\d+){3}", "<IP>"),
         (r"<IP>:\d+", "<IP>:<PORT>"),
         (r"\d{4}-\d{2}-\d{2}", "<DATE>"),
+        (r"T\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", "T<TIME>"),
+        (r"sha256:[0-9a-f]{64}", "sha256:<DIGEST>"),
+        (r"\b(\d+h)?(\d+m)?\d+s ago", "<AGO> ago"),
         (r"\d+ [kMG]?B\b", "<SIZE>"),
         (r"\(\d+\.\d+%\)", "(<PCT>)"),
         // JSON and YAML integers (sizes and raft counters).

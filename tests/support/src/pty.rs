@@ -60,6 +60,15 @@ impl Screen {
         }
     }
 
+    /// Everything shown until nothing more arrives for `idle` (after the
+    /// program ended, what it wrote last).
+    pub fn drain(&mut self, idle: Duration) -> &str {
+        while let Ok(chunk) = self.chunks.recv_timeout(idle) {
+            self.text.push_str(&chunk);
+        }
+        &self.text
+    }
+
     pub fn wait_for(&mut self, needle: &str, within: Duration) -> &str {
         let deadline = Instant::now() + within;
         while !self.text.contains(needle) {
@@ -72,3 +81,35 @@ impl Screen {
         &self.text
     }
 }
+
+/// Runs `command` as the foreground job of the terminal side of a new
+/// pseudo-terminal, as a shell runs a command a person typed: its own
+/// session, the terminal its controlling terminal and its stdin, stdout
+/// and stderr. Typing Ctrl-C ([`CTRL_C`]) on the returned controller then
+/// sends the process SIGINT through the terminal's line discipline.
+pub fn spawn_in_terminal(
+    command: &mut std::process::Command,
+) -> (std::process::Child, std::fs::File) {
+    use std::os::unix::process::CommandExt as _;
+    use std::process::Stdio;
+    let (controller, terminal) = openpty();
+    command
+        .stdin(Stdio::from(terminal.try_clone().unwrap()))
+        .stdout(Stdio::from(terminal.try_clone().unwrap()))
+        .stderr(Stdio::from(terminal));
+    // SAFETY: setsid and ioctl are async-signal-safe; they only change the
+    // child's session and controlling terminal (its stdin, fd 0).
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn().expect("the command starts");
+    (child, std::fs::File::from(controller))
+}
+
+/// What Ctrl-C types.
+pub const CTRL_C: &[u8] = b"\x03";

@@ -1,7 +1,7 @@
 //! `talosctl-rs etcd ...`, with talosctl's columns and rules.
 
 use clap::Subcommand;
-use talos_client::client::{EtcdMember, EtcdMemberStatus, MemberAlarm, MemberId};
+use talos_client::client::{DowngradeAction, EtcdMember, EtcdMemberStatus, MemberAlarm, MemberId};
 
 use super::table::Table;
 use super::{Global, Output, Usage, print_nodes, print_structured};
@@ -31,6 +31,28 @@ pub enum EtcdCommand {
         /// Where to save the snapshot.
         path: std::path::PathBuf,
     },
+    /// Manage etcd storage system downgrades.
+    #[command(subcommand)]
+    Downgrade(DowngradeCommand),
+}
+
+#[derive(Subcommand)]
+pub enum DowngradeCommand {
+    /// Validate if the etcd storage system can be downgraded to the
+    /// specified version.
+    Validate {
+        /// MAJOR.MINOR, e.g. 3.5.
+        #[arg(value_name = "VERSION")]
+        target: String,
+    },
+    /// Enable etcd storage system downgrade to the specified version.
+    Enable {
+        /// MAJOR.MINOR, e.g. 3.5.
+        #[arg(value_name = "VERSION")]
+        target: String,
+    },
+    /// Cancel etcd storage system downgrade.
+    Cancel,
 }
 
 #[derive(Subcommand)]
@@ -107,7 +129,41 @@ pub async fn run(global: &Global, command: EtcdCommand) -> anyhow::Result<()> {
             })
         }
         EtcdCommand::Snapshot { path } => super::snapshot::save(global, &path).await,
+        EtcdCommand::Downgrade(command) => downgrade(global, command).await,
     }
+}
+
+/// `etcd downgrade validate|enable|cancel`, one node at a time as talosctl
+/// (cmd/talosctl/cmd/talos/etcd.go): a `MESSAGE` column, and a `NODE`
+/// column when a node was named.
+async fn downgrade(global: &Global, command: DowngradeCommand) -> anyhow::Result<()> {
+    let (action, version, name) = match command {
+        DowngradeCommand::Validate { target } => (DowngradeAction::Validate, target, "validate"),
+        DowngradeCommand::Enable { target } => (DowngradeAction::Enable, target, "enable"),
+        DowngradeCommand::Cancel => (DowngradeAction::Cancel, String::new(), "cancel"),
+    };
+    let (client, node) = global.connect_one(&format!("etcd downgrade {name}"))?;
+    let named = !global.connect()?.1.is_empty();
+    let cluster_version = client.etcd_downgrade(action, &version).await?;
+    if global.output != Output::Table {
+        return print_structured(
+            global.output,
+            &serde_json::json!([{ "node": node, "result": { "cluster_version": cluster_version } }]),
+        );
+    }
+    let message = format!("downgrade {name} success, cluster version {cluster_version}");
+    let mut table = if named {
+        Table::new(&["NODE", "MESSAGE"])
+    } else {
+        Table::new(&["MESSAGE"])
+    };
+    table.row(if named {
+        vec![node, message]
+    } else {
+        vec![message]
+    });
+    table.print();
+    Ok(())
 }
 
 /// Reports a single-node action: nothing on stdout in table mode (like

@@ -30,8 +30,11 @@ pub mod ops;
 mod ops_hint;
 mod ops_output;
 mod opsd_client;
+pub mod power;
 pub mod reset;
+pub mod services;
 pub mod snapshot;
+pub mod streams;
 pub mod table;
 pub mod upgrade;
 
@@ -115,7 +118,31 @@ pub enum Command {
     Health(health::HealthArgs),
     /// Download the admin kubeconfig from a control-plane node.
     Kubeconfig(kubeconfig::KubeconfigArgs),
-    /// Safe composite operations (snapshot, retire, join), journaled.
+    /// Retrieve logs for a service.
+    Logs(streams::LogsArgs),
+    /// Stream runtime events.
+    Events(streams::EventsArgs),
+    /// Retrieve kernel logs.
+    Dmesg(streams::DmesgArgs),
+    /// Retrieve the state of a service (or all services), control service
+    /// state.
+    #[command(visible_alias = "services")]
+    Service(services::ServiceArgs),
+    /// List containers.
+    #[command(visible_alias = "c")]
+    Containers(services::ContainersArgs),
+    /// Manage container images.
+    #[command(visible_alias = "images")]
+    Image(services::ImageArgs),
+    /// Reboot a node.
+    Reboot(power::RebootArgs),
+    /// Shutdown a node.
+    Shutdown(power::ShutdownArgs),
+    /// Bootstrap the etcd cluster on the specified node.
+    Bootstrap(power::BootstrapArgs),
+    /// Safe composite operations, journaled: snapshot, retire, join,
+    /// migrate, defrag, upgrade, restore, drill and apply (list, show,
+    /// resume, abandon and watch read and drive the journal).
     Ops(ops::OpsArgs),
     /// Work with etcd snapshot files.
     #[command(subcommand)]
@@ -139,6 +166,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Upgrade(args) => upgrade::run(&global, args).await,
         Command::Health(args) => health::run(&global, args).await,
         Command::Kubeconfig(args) => kubeconfig::run(&global, args).await,
+        Command::Logs(args) => streams::logs(&global, args).await,
+        Command::Events(args) => streams::events(&global, args).await,
+        Command::Dmesg(args) => streams::dmesg(&global, args).await,
+        Command::Service(args) => services::service(&global, args).await,
+        Command::Containers(args) => services::containers(&global, args).await,
+        Command::Image(args) => services::image(&global, args).await,
+        Command::Reboot(args) => power::reboot(&global, args).await,
+        Command::Shutdown(args) => power::shutdown(&global, args).await,
+        Command::Bootstrap(args) => power::bootstrap(&global, args).await,
         Command::Ops(args) => ops::run(&global, args).await,
         Command::Snapshot(command) => snapshot::run(&global, command),
         Command::Completion(args) => misc::completion(args),
@@ -186,6 +222,17 @@ impl Global {
         })
     }
 
+    /// Every target node (`-n`, or the endpoint's node) with a client that
+    /// addresses it alone: for streams and calls fanned out one per node.
+    pub fn targets(&self) -> anyhow::Result<Vec<(String, Client)>> {
+        let (client, nodes) = self.connect()?;
+        if !nodes.is_empty() {
+            return Ok(nodes.iter().map(|n| (n.clone(), client.node(n))).collect());
+        }
+        let label = client_endpoint_label(&self.resolve()?);
+        Ok(vec![(label, client.endpoint_node())])
+    }
+
     /// A client for exactly one node, as talosctl requires for snapshot,
     /// leave and defrag.
     pub fn connect_one(&self, command: &str) -> anyhow::Result<(talos_client::Client, String)> {
@@ -208,6 +255,24 @@ fn client_endpoint_label(context: &ResolvedContext) -> String {
     talos_client::config::normalize_endpoint(&context.endpoints[0])
         .map(|e| e.host)
         .unwrap_or_else(|_| context.endpoints[0].clone())
+}
+
+/// Runs `call` on every target at once, one call per node (as talosctl
+/// 1.14 fans out on the client side), and collects each node's result.
+pub async fn each_target<T, F, Fut>(
+    targets: &[(String, Client)],
+    call: F,
+) -> talos_client::NodeResults<T>
+where
+    F: Fn(Client) -> Fut,
+    Fut: std::future::Future<Output = talos_client::client::Result<T>>,
+{
+    let results = futures::future::join_all(targets.iter().map(|(_, c)| call(c.clone()))).await;
+    targets
+        .iter()
+        .zip(results)
+        .map(|((node, _), result)| talos_client::NodeResult::new(node.clone(), result))
+        .collect()
 }
 
 /// A misuse of the command line (exit code 2).

@@ -91,7 +91,11 @@ fn processes_using(dir: &Path) -> Vec<String> {
         })
         .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
         .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.starts_with("etcd ") && c.contains(&needle))
+        // The node's etcd runs from the build cache by its full path.
+        .filter(|c| {
+            let program = c.split(' ').next().unwrap_or("");
+            Path::new(program).file_name() == Some("etcd".as_ref()) && c.contains(&needle)
+        })
         .collect()
 }
 

@@ -291,14 +291,27 @@ fn flag_values(args: &[String], flag: &str) -> Vec<String> {
         .collect()
 }
 
-/// `config` without its KubeServiceAccountConfig document.
+/// `config` without its KubeServiceAccountConfig document. Documents are
+/// split at lines that are exactly `---`: a PEM key's `-----END ...-----`
+/// line ends with `---` too.
 fn without_service_account(config: &str) -> String {
-    let kept: Vec<&str> = config
-        .split("---\n")
+    let mut documents = vec![String::new()];
+    for line in config.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            documents.push(String::new());
+        }
+        documents
+            .last_mut()
+            .expect("one document at least")
+            .push_str(line);
+    }
+    let count = documents.len();
+    let kept: Vec<String> = documents
+        .into_iter()
         .filter(|doc| !doc.contains("kind: KubeServiceAccountConfig\n"))
         .collect();
-    assert!(kept.len() < config.split("---\n").count(), "{config}");
-    kept.join("---\n")
+    assert_eq!(kept.len() + 1, count, "{config}");
+    kept.concat()
 }
 
 /// A KubeServiceAccountConfig document signing with `key` (PEM) as

@@ -20,7 +20,8 @@
 # leases lost each way, the rollback the token check made.
 # Everything is written under a temporary directory (or $1), and the
 # clusters are stopped at the end. The first run builds kube-apiserver
-# (scripts/kube-apiserver.sh, about 4 minutes on 2 cores).
+# (scripts/kube-apiserver.sh, about 4 minutes on 2 cores) and the etcd
+# releases the nodes run (scripts/etcd.sh, about a minute a binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +36,7 @@ fi
 
 scripts/install-deps.sh
 kube="$(scripts/kube-apiserver.sh)"
+etcd_cache="$(dirname "$(dirname "$(scripts/etcd.sh all | sed -n 1p)")")"
 cargo build --locked --release --workspace --bins
 
 sim="target/release/talos-sim"
@@ -44,7 +46,7 @@ trap 'for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2
 
 # up NAME: a simulated cluster in $work/NAME, reported in $work/NAME.json.
 up() {
-  "$sim" up --isolated --nodes 3 --kube-apiserver "$kube" --dir "$work/$1" --json >"$work/$1.json" 2>"$work/$1.log" &
+  "$sim" up --isolated --nodes 3 --kube-apiserver "$kube" --etcd-cache "$etcd_cache" --dir "$work/$1" --json >"$work/$1.json" 2>"$work/$1.log" &
   pids+=($!)
   # Wait (up to two minutes) for the cluster to report itself.
   for _ in $(seq 1 240); do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything CI checks (docs/testing.md has the order, the budget of 25
 # minutes on 2 cores and the measured times):
-#  1. setup: the Debian tools, kube-apiserver and cargo-nextest (built once
+#  1. setup: the Debian tools, kube-apiserver, etcd and cargo-nextest (built once
 #     into ~/.cache/talos-client, found there afterwards), formatting;
 #  2. one debug build of the whole workspace with all features (the tests,
 #     the examples, the interop tests' Rust side) and the interop tests'
@@ -32,6 +32,13 @@ phase install-deps scripts/install-deps.sh
 phase kube-apiserver scripts/kube-apiserver.sh >"$PHASES_DIR/kube-apiserver.path"
 TALOS_SIM_KUBE_APISERVER="$(cat "$PHASES_DIR/kube-apiserver.path")"
 export TALOS_SIM_KUBE_APISERVER
+# The etcd releases talos-sim runs on a simulated control-plane node, v3.6.12
+# for the Talos 1.13.9 profile and v3.7.1 for 1.14, with their etcdutl and
+# etcdctl: built from the Go module proxy into the same cache on the first run
+# (about a minute a binary), found there afterwards.
+phase etcd scripts/etcd.sh all >"$PHASES_DIR/etcd.path"
+TALOS_SIM_ETCD_CACHE="$(dirname "$(dirname "$(head -n 1 "$PHASES_DIR/etcd.path")")")"
+export TALOS_SIM_ETCD_CACHE
 phase nextest scripts/nextest.sh >"$PHASES_DIR/nextest.path"
 nextest="$(cat "$PHASES_DIR/nextest.path")"
 phase fmt cargo fmt --all --check

@@ -17,12 +17,12 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use super::config_diff::Documents;
+use super::fresh::{Check, CheckKind, PendingTry};
 use super::join::read_file;
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo};
 use super::spec::millis;
 use super::{OpSpec, Ops, OpsError, Refusal};
 use crate::client::resources::ConfigId;
-use crate::client::{ApplyMode, ApplyRequest};
 use crate::{Client, Error};
 
 fn default_try_timeout() -> Duration {
@@ -173,6 +173,36 @@ impl StepInfo for ApplyStep {
     fn node(&self) -> Option<&str> {
         Some(&self.node)
     }
+
+    fn precondition(&self) -> Option<CheckKind> {
+        match self.phase {
+            ApplyPhase::Try | ApplyPhase::Reboot => Some(CheckKind::ApplyReady),
+            ApplyPhase::Confirm => Some(CheckKind::TryPending),
+            ApplyPhase::Gate | ApplyPhase::WaitBack => None,
+        }
+    }
+}
+
+impl ApplyStep {
+    /// Its precondition with its subject: the node (and, for a
+    /// confirmation, the try it confirms).
+    pub(crate) fn check(&self, facts: &ApplyFacts) -> Result<Option<Check>, OpsError> {
+        let node = &self.node;
+        Ok(match self.precondition() {
+            Some(CheckKind::TryPending) => Some(Check::TryPending(PendingTry {
+                node: node.clone(),
+                config_path: facts.config_path.clone(),
+                config_sha256: facts.config_sha256.clone(),
+                deadline_ms: *super::plan::need(
+                    &facts.try_deadline_ms.get(node).copied(),
+                    "try_deadline_ms",
+                )?,
+                boot_id: facts.boot_ids.get(node).cloned(),
+            })),
+            Some(_) => Some(Check::ApplyReady(node.clone())),
+            None => None,
+        })
+    }
 }
 
 /// What an apply's preflight found and its steps recorded, per node.
@@ -288,8 +318,7 @@ pub(crate) async fn try_dry_run(
     node: &str,
     config: &[u8],
 ) -> Result<DryRun, Error> {
-    let request = ApplyRequest::new(config.to_vec(), ApplyMode::Try).with_dry_run(true);
-    match client.node(node).apply_configuration(request).await {
+    match super::send::try_dry_run(client, node, config).await {
         Ok(result) => Ok(DryRun::InPlace(result.mode_details)),
         Err(Error::InvalidArgument(f))
             if f.message.contains("can't be applied in immediate mode") =>

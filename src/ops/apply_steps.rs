@@ -11,6 +11,7 @@ use super::apply::{
 use super::apply_kube::{GateFailed, SKIPPED_KUBE_CHECK};
 use super::apply_vip::check_vips;
 use super::config_diff::Documents;
+use super::fresh::Guard;
 use super::plan::label;
 use super::{Ops, OpsError, Outcome};
 use crate::client::resources::ConfigId;
@@ -73,7 +74,7 @@ impl<'a> Params<'a> {
     }
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -104,14 +105,15 @@ impl Ops {
         options: &ApplyOptions,
         step: &ApplyStep,
         facts: &mut ApplyFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         let params = Params::load(options, facts)?;
         let node = step.node.as_str();
         match step.phase {
-            ApplyPhase::Try => self.try_apply(node, &params, facts).await,
+            ApplyPhase::Try => self.try_apply(node, &params, facts, guard).await,
             ApplyPhase::Gate => self.gate(node, &params, facts).await,
-            ApplyPhase::Confirm => self.confirm(node, &params, facts).await,
-            ApplyPhase::Reboot => self.reboot_apply(node, &params, facts).await,
+            ApplyPhase::Confirm => self.confirm(node, &params, guard).await,
+            ApplyPhase::Reboot => self.reboot_apply(node, &params, facts, guard).await,
             ApplyPhase::WaitBack => self.wait_back(node, &params, facts).await,
         }
     }
@@ -168,6 +170,7 @@ impl Ops {
         node: &str,
         params: &Params<'_>,
         facts: &mut ApplyFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         if let Ok(boot) = self.boot_id(node).await {
             facts.boot_ids.insert(node.into(), boot);
@@ -184,12 +187,15 @@ impl Ops {
                 format!("; {SKIPPED_KUBE_CHECK}")
             }
         };
+        let fresh = guard.proof(self).await?;
         // The node starts its rollback timer after this instant, so the
         // deadline counted from here is never later than the rollback.
         let sent = now_ms();
         let request = ApplyRequest::new(params.config.clone(), ApplyMode::Try)
             .with_try_timeout(params.options.try_timeout);
-        let result = self.client.node(node).apply_configuration(request).await?;
+        let result = self
+            .send_apply(fresh, &self.client.node(node), request)
+            .await?;
         if result.mode != ApplyMode::Try {
             return Err(OpsError::step(
                 &step_name("try", node),
@@ -497,30 +503,19 @@ impl Ops {
         Err(last)
     }
 
+    /// The confirmation, once its check found the TRY of the file pending
+    /// (same boot, the file running, the window open).
     async fn confirm(
         &mut self,
         node: &str,
         params: &Params<'_>,
-        facts: &mut ApplyFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         let step = step_name("confirm", node);
-        let deadline =
-            *super::plan::need(&facts.try_deadline_ms.get(node).copied(), "try_deadline_ms")?;
-        if left(deadline).is_zero() {
-            let rollback = self.verify_rollback(node, params, deadline).await;
-            return Err(OpsError::step(
-                &step,
-                format!(
-                    "the try window closed before the confirmation; nothing was sent ({})",
-                    match rollback {
-                        Ok(()) => format!("{node} rolled back, verified"),
-                        Err(e) => format!("{node}'s rollback not seen: {e}"),
-                    }
-                ),
-            ));
-        }
         let request = ApplyRequest::new(params.config.clone(), ApplyMode::NoReboot);
-        self.client.node(node).apply_configuration(request).await?;
+        let fresh = guard.proof(self).await?;
+        self.send_apply(fresh, &self.client.node(node), request)
+            .await?;
         if !self.persisted(node, params).await? {
             return Err(OpsError::step(
                 &step,
@@ -551,13 +546,17 @@ impl Ops {
         node: &str,
         params: &Params<'_>,
         facts: &mut ApplyFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         if let Ok(boot) = self.boot_id(node).await {
             facts.boot_ids.insert(node.into(), boot);
         }
+        let fresh = guard.proof(self).await?;
         facts.reboot_sent_ms.insert(node.into(), now_ms());
         let request = ApplyRequest::new(params.config.clone(), ApplyMode::Reboot);
-        let result = self.client.node(node).apply_configuration(request).await?;
+        let result = self
+            .send_apply(fresh, &self.client.node(node), request)
+            .await?;
         Ok(Outcome::done(format!(
             "{node}: {}",
             result.mode_details.replace('\n', "; ")

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterView, VOTER_CALL_TIMEOUT, member_address};
+use super::fresh::{Check, CheckKind, Guard, PlannedNode, Voters};
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo};
 use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
 use crate::client::{AlarmType, EtcdMember, MemberId};
@@ -102,6 +103,31 @@ impl StepInfo for DefragStep {
     fn node(&self) -> Option<&str> {
         (!self.node.is_empty()).then_some(self.node.as_str())
     }
+
+    fn precondition(&self) -> Option<CheckKind> {
+        (!matches!(self.phase, DefragPhase::Check)).then_some(CheckKind::VotersHealthy)
+    }
+}
+
+impl DefragStep {
+    /// Its precondition with its subject: every voter healthy (a NOSPACE
+    /// alarm aside), but the member a defragmentation takes out for its
+    /// duration; the member still the planned one.
+    pub(crate) fn check(&self, facts: &DefragFacts) -> Result<Option<Check>, OpsError> {
+        if self.precondition().is_none() {
+            return Ok(None);
+        }
+        let member = member_at(facts, &self.node, self.name())?;
+        Ok(Some(Check::VotersHealthy(Voters {
+            node: Some(PlannedNode {
+                address: member.address.clone(),
+                hostname: member.hostname.clone(),
+                member_id: Some(member.member_id),
+            }),
+            except: (self.phase == DefragPhase::Defrag).then_some(member.member_id),
+            nospace_ok: true,
+        })))
+    }
 }
 
 /// A member as the plan read it, and what its defragmentation gave back.
@@ -167,7 +193,7 @@ fn only_nospace(errors: &[String]) -> bool {
 }
 
 /// The voters not healthy in `view`, a NOSPACE alarm excepted.
-fn unfit(view: &ClusterView, except: Option<MemberId>) -> Vec<String> {
+pub(super) fn unfit(view: &ClusterView, except: Option<MemberId>) -> Vec<String> {
     let nospace_only = |id: MemberId| {
         matches!(
             view.statuses.iter().find(|(m, _)| m.id == id),
@@ -307,6 +333,7 @@ impl Ops {
         &self,
         step: &DefragStep,
         facts: &mut DefragFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         let name = step.name();
         match step.phase {
@@ -326,12 +353,12 @@ impl Ops {
             }
             DefragPhase::Forfeit => {
                 let member = member_at(facts, &step.node, name)?.clone();
-                self.hand_over(&member.address, &member.hostname, member.member_id, name)
+                self.hand_over(&member.address, &member.hostname, member.member_id, guard)
                     .await
             }
             DefragPhase::Defrag => {
                 let member = member_at(facts, &step.node, name)?.clone();
-                let after = self.defragment(&member, name).await?;
+                let after = self.defragment(&member, name, guard).await?;
                 let slot = facts
                     .members
                     .iter_mut()
@@ -348,7 +375,8 @@ impl Ops {
             }
             DefragPhase::Disarm => {
                 let target = self.client.node(step.node.as_str());
-                let disarmed = target.etcd_alarm_disarm().await?;
+                let fresh = guard.proof(self).await?;
+                let disarmed = self.send_alarm_disarm(fresh, &target).await?;
                 let left = target.etcd_alarm_list().await?;
                 if let Some(alarm) = left.iter().find(|a| a.alarm == AlarmType::Nospace) {
                     return Err(OpsError::step(
@@ -359,10 +387,7 @@ impl Ops {
                         ),
                     ));
                 }
-                Ok(Outcome::done(format!(
-                    "disarmed {} alarm(s)",
-                    disarmed.len()
-                )))
+                Ok(Outcome::done(format!("disarmed {disarmed} alarm(s)")))
             }
         }
     }
@@ -374,13 +399,15 @@ impl Ops {
         address: &str,
         hostname: &str,
         id: MemberId,
-        step: &str,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
+        let step = &super::plan::label("forfeit", Some(address));
         let node = self
             .client
             .with_call_timeout(VOTER_CALL_TIMEOUT)
             .node(address);
-        let moved = node.etcd_forfeit_leadership().await?;
+        let fresh = guard.proof(self).await?;
+        let moved = self.send_forfeit(fresh, &node).await?;
         let Some(new) = moved else {
             return Ok(Outcome::skipped(format!("{hostname} does not lead now")));
         };
@@ -403,26 +430,21 @@ impl Ops {
         }
     }
 
-    /// Every other voter healthy, then the member defragmented and awaited
-    /// until it answers healthy and caught up. Returns its size after.
-    async fn defragment(&self, member: &DefragMember, step: &str) -> Result<i64, OpsError> {
-        let view = self.read_view().await?;
-        let unhealthy = unfit(&view, Some(member.member_id));
-        if !unhealthy.is_empty() {
-            return Err(OpsError::step(
-                step,
-                format!(
-                    "{} is not defragmented while another voter is unhealthy (it answers nothing while it runs): {}",
-                    member.hostname,
-                    unhealthy.join(", ")
-                ),
-            ));
-        }
-        self.client
+    /// The member defragmented (its check found every other voter
+    /// healthy: it answers nothing while it runs) and awaited until it
+    /// answers healthy and caught up. Returns its size after.
+    async fn defragment(
+        &self,
+        member: &DefragMember,
+        step: &str,
+        guard: &mut Guard,
+    ) -> Result<i64, OpsError> {
+        let node = self
+            .client
             .with_call_timeout(DEFRAG_TIMEOUT)
-            .node(member.address.as_str())
-            .etcd_defragment()
-            .await?;
+            .node(member.address.as_str());
+        let fresh = guard.proof(self).await?;
+        self.send_defragment(fresh, &node).await?;
         self.await_caught_up(member, step).await
     }
 

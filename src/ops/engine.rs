@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use super::fresh::{CheckRecord, Guard};
 use super::journal::{self, StepEnd};
 use super::plan::{Facts, Step};
 use super::{
@@ -19,6 +20,8 @@ struct StepEnded {
     /// Its own start, when the journal does not hold it yet (see
     /// [`StepEnd::started`]).
     started: Option<String>,
+    /// The checks the engine ran before sending it.
+    checks: Vec<CheckRecord>,
 }
 
 /// How a step in flight at an interruption was settled on resume.
@@ -140,6 +143,7 @@ impl Ops {
                     duration_ms: None,
                     detail: None,
                     fence: None,
+                    checks: Vec::new(),
                     step: Some(s.step.clone()),
                 })
                 .collect(),
@@ -209,6 +213,7 @@ impl Ops {
         if resuming {
             self.journal.set_state(&id, OpState::Running)?;
         }
+        self.take_checks();
         let Typed {
             spec,
             steps: typed_steps,
@@ -282,14 +287,17 @@ impl Ops {
                         resumed = Resumed::Again(step.started.clone());
                         started = Instant::now();
                         started_at = journal::now();
-                        self.execute(&spec, typed_step, &mut facts).await
+                        self.guarded(&spec, typed_step, &mut facts, index, observe)
+                            .await
                     }
                     Err(e) => Err(e),
                 }
             } else {
-                self.execute(&spec, typed_step, &mut facts).await
+                self.guarded(&spec, typed_step, &mut facts, index, observe)
+                    .await
             };
             observe(Event::StepAnswered { index, name, node });
+            let checks = self.take_checks();
             if let Err(OpsError::StoppedWaiting { cancel }) = result {
                 let facts_value = serde_json::to_value(&facts).unwrap_or_default();
                 return Err(self.stopped_waiting(&id, index, step, cancel, &facts_value)?);
@@ -305,6 +313,7 @@ impl Ops {
                     duration_ms: started.elapsed().as_millis() as u64,
                     detail,
                     started: None,
+                    checks,
                 },
                 resumed,
                 step.started.as_deref(),
@@ -349,6 +358,7 @@ impl Ops {
                         duration_ms: ended.duration_ms,
                         detail: Some(&ended.detail),
                         started: ended.started.as_deref(),
+                        checks: &ended.checks,
                     };
                     self.journal
                         .remember_step_end(&id, index, &this, &facts_value);
@@ -408,6 +418,7 @@ impl Ops {
             duration_ms: ended.duration_ms,
             detail: Some(&ended.detail),
             started: ended.started.as_deref(),
+            checks: &ended.checks,
         };
         self.journal.step_ended(id, index, end, facts, next)?;
         let Some(observe) = observe else {
@@ -446,6 +457,7 @@ impl Ops {
             duration_ms: 0,
             detail: Some("cancelled while waiting; nothing was changed"),
             started: None,
+            checks: &[],
         };
         self.journal.step_ended(id, index, end, facts, None)?;
         self.journal.set_state(id, OpState::Cancelled)?;
@@ -474,29 +486,64 @@ impl Ops {
         Err(stopped)
     }
 
+    /// Runs `step` behind its guard: a destructive step's check runs
+    /// first, here, in this process (see [`Ops::guard_destructive`]); a
+    /// check that fails sends nothing, and one that finds the step's effect
+    /// there already ends it without a send.
+    async fn guarded(
+        &mut self,
+        spec: &OpSpec,
+        step: &Step,
+        facts: &mut Facts,
+        index: usize,
+        observe: &mut (dyn FnMut(Event<'_>) + Send),
+    ) -> Result<Outcome, OpsError> {
+        let check = step.check(facts)?;
+        let label = step.label();
+        let mut guard = match self.guard_step(&label, step.destructive(), check).await? {
+            Ok(guard) => guard,
+            Err(done) => return Ok(done),
+        };
+        if step.destructive() {
+            observe(Event::StepChecked {
+                index,
+                name: step.name(),
+                node: step.node(),
+            });
+        }
+        self.execute(spec, step, facts, &mut guard).await
+    }
+
     async fn execute(
         &mut self,
         spec: &OpSpec,
         step: &Step,
         facts: &mut Facts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         match (spec, step, facts) {
             (OpSpec::Snapshot(_), Step::Snapshot(s), Facts::Snapshot(f)) => {
                 self.snapshot_step(*s, f).await
             }
-            (OpSpec::Retire(_), Step::Retire(s), Facts::Retire(f)) => self.retire_step(*s, f).await,
-            (OpSpec::Join(_), Step::Join(s), Facts::Join(f)) => self.join_step(*s, f).await,
-            (OpSpec::Migrate(_), Step::Migrate(s), Facts::Migrate(f)) => {
-                self.migrate_step(*s, f).await
+            (OpSpec::Retire(_), Step::Retire(s), Facts::Retire(f)) => {
+                self.retire_step(*s, f, guard).await
             }
-            (OpSpec::Apply(o), Step::Apply(s), Facts::Apply(f)) => self.apply_step(o, s, f).await,
+            (OpSpec::Join(_), Step::Join(s), Facts::Join(f)) => self.join_step(*s, f, guard).await,
+            (OpSpec::Migrate(_), Step::Migrate(s), Facts::Migrate(f)) => {
+                self.migrate_step(*s, f, guard).await
+            }
+            (OpSpec::Apply(o), Step::Apply(s), Facts::Apply(f)) => {
+                self.apply_step(o, s, f, guard).await
+            }
             (OpSpec::Drill(o), Step::Drill(_), Facts::Drill(f)) => self.drill_step(o, f).await,
-            (OpSpec::Defrag(_), Step::Defrag(s), Facts::Defrag(f)) => self.defrag_step(s, f).await,
+            (OpSpec::Defrag(_), Step::Defrag(s), Facts::Defrag(f)) => {
+                self.defrag_step(s, f, guard).await
+            }
             (OpSpec::Upgrade(o), Step::Upgrade(s), Facts::Upgrade(f)) => {
-                self.upgrade_step(o, s, f).await
+                self.upgrade_step(o, s, f, guard).await
             }
             (OpSpec::Restore(o), Step::Restore(s), Facts::Restore(f)) => {
-                self.restore_step(o, *s, f).await
+                self.restore_step(o, *s, f, guard).await
             }
             _ => Err(mismatch(spec, step)),
         }
@@ -525,6 +572,9 @@ impl Ops {
             }
             (OpSpec::Restore(_), Step::Restore(s), Facts::Restore(f)) => {
                 self.reconcile_restore(*s, f).await?
+            }
+            (OpSpec::Upgrade(o), Step::Upgrade(s), Facts::Upgrade(f)) => {
+                self.reconcile_upgrade(o, s, f).await?
             }
             _ => None,
         })

@@ -119,38 +119,32 @@ impl Ops {
             .map_or(crate::config::DEFAULT_API_PORT, |e| e.port)
     }
 
-    /// Right before the leave: the node at the address is still the
-    /// machine the plan saw, and reports itself as the planned member.
-    pub(super) async fn verify_before_leave(
-        &self,
-        facts: &RetireFacts,
-        step: &str,
-    ) -> Result<(), OpsError> {
-        let planned = super::plan::need(&facts.member, "member")?;
+    /// The node at the address is still the machine the plan saw, and
+    /// reports itself as the planned member; else what it is instead.
+    pub(super) async fn still_planned_member(&self, facts: &RetireFacts) -> Result<(), String> {
+        let Some(planned) = &facts.member else {
+            return Err("the plan names no member".into());
+        };
         match self.answer_of(&facts.address).await {
             Answer::Cluster { node_id, member_id } => {
-                self.check_node_id(facts, node_id.as_deref(), step)?;
+                if let Some(other) = other_machine(facts, node_id.as_deref()) {
+                    return Err(other);
+                }
                 if member_id != Some(planned.member_id) {
-                    return Err(OpsError::attention(
-                        step,
-                        format!(
-                            "{} reports itself as member {} where the plan had {} ({}): not the planned member",
-                            facts.address,
-                            member_id.map_or("none".to_string(), |m| m.to_string()),
-                            planned.member_id,
-                            planned.hostname
-                        ),
+                    return Err(format!(
+                        "{} reports itself as member {} where the plan had {} ({}): not the planned member",
+                        facts.address,
+                        member_id.map_or("none".to_string(), |m| m.to_string()),
+                        planned.member_id,
+                        planned.hostname
                     ));
                 }
                 Ok(())
             }
-            other => Err(OpsError::step(
-                step,
-                format!(
-                    "{} cannot be checked before the leave: {}",
-                    facts.address,
-                    describe(&other)
-                ),
+            other => Err(format!(
+                "{} cannot be checked: {}",
+                facts.address,
+                describe(&other)
             )),
         }
     }
@@ -161,23 +155,9 @@ impl Ops {
         now: Option<&str>,
         step: &str,
     ) -> Result<(), OpsError> {
-        let planned = facts.identity.as_ref().and_then(|i| i.node_id.as_deref());
-        match (planned, now) {
-            (Some(planned), Some(now)) if planned != now => Err(OpsError::attention(
-                step,
-                format!(
-                    "another machine answers at {}: node id {now}, the plan saw {planned}",
-                    facts.address
-                ),
-            )),
-            (Some(planned), None) => Err(OpsError::attention(
-                step,
-                format!(
-                    "{} has no node id now (the plan saw {planned}): its STATE was wiped or another machine answers",
-                    facts.address
-                ),
-            )),
-            _ => Ok(()),
+        match other_machine(facts, now) {
+            Some(other) => Err(OpsError::attention(step, other)),
+            None => Ok(()),
         }
     }
 
@@ -195,7 +175,8 @@ impl Ops {
     }
 
     /// The member list as a survivor sees it: the snapshot source first,
-    /// then the endpoints.
+    /// then through the endpoints, else any other endpoint's own list (a
+    /// frozen survivor hides nothing).
     async fn surviving_member_list(
         &self,
         facts: &RetireFacts,
@@ -208,7 +189,12 @@ impl Ops {
         {
             return Ok(members);
         }
-        Ok(client.etcd_member_list(false).await?)
+        let others: Vec<String> = self
+            .endpoint_hosts()
+            .into_iter()
+            .filter(|h| *h != facts.address && Some(h.as_str()) != survivor_source(facts))
+            .collect();
+        Ok(super::cluster::member_list_any(&client, &others).await?)
     }
 
     /// The target as the survivors' discovery (COSI `Members`) still lists
@@ -349,6 +335,23 @@ pub(crate) enum Checked {
     Evidence(String),
     /// Whether it was reset cannot be told now (why): nothing may be sent.
     Unsure(String),
+}
+
+/// Another machine at the address, in words, when the node id it reports
+/// (`now`) is not the planned one.
+fn other_machine(facts: &RetireFacts, now: Option<&str>) -> Option<String> {
+    let planned = facts.identity.as_ref().and_then(|i| i.node_id.as_deref());
+    match (planned, now) {
+        (Some(planned), Some(now)) if planned != now => Some(format!(
+            "another machine answers at {}: node id {now}, the plan saw {planned}",
+            facts.address
+        )),
+        (Some(planned), None) => Some(format!(
+            "{} has no node id now (the plan saw {planned}): its STATE was wiped or another machine answers",
+            facts.address
+        )),
+        _ => None,
+    }
 }
 
 /// The survivor asked first: the snapshot's source, unless it is the

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::apply::{read_planned, sha256_hex};
 use super::cluster::{ClusterView, host_of, names};
+use super::fresh::{Check, CheckKind, Guard};
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
 use super::policy::unhealthy_voters;
 use super::spec::millis;
@@ -124,6 +125,25 @@ impl StepInfo for JoinStep {
     fn destructive(&self) -> bool {
         matches!(self, JoinStep::ApplyConfig)
     }
+
+    fn precondition(&self) -> Option<CheckKind> {
+        matches!(self, JoinStep::ApplyConfig).then_some(CheckKind::InMaintenance)
+    }
+}
+
+impl JoinStep {
+    /// Its precondition with its subject: the node as planned, with its
+    /// certificate pins.
+    pub(crate) fn check(self, facts: &JoinFacts) -> Result<Option<Check>, OpsError> {
+        if self.precondition().is_none() {
+            return Ok(None);
+        }
+        let m = need(&facts.maintenance, "maintenance")?;
+        Ok(Some(Check::InMaintenance {
+            node: facts.node.clone(),
+            pins: m.cert_fingerprints.clone(),
+        }))
+    }
 }
 
 /// The maintenance apply as planned: the file's path and hash, the pins.
@@ -191,7 +211,10 @@ impl JoinStep {
     }
 }
 
-fn maintenance_client(node: &str, pins: &[String]) -> Result<MaintenanceClient, crate::Error> {
+pub(super) fn maintenance_client(
+    node: &str,
+    pins: &[String],
+) -> Result<MaintenanceClient, crate::Error> {
     if pins.is_empty() {
         MaintenanceClient::dangerous_unverified(node)
     } else {
@@ -298,13 +321,18 @@ impl Ops {
     }
 
     /// Applies the planned file to the maintenance node.
-    async fn apply_in_maintenance(&self, facts: &JoinFacts) -> Result<Outcome, OpsError> {
+    async fn apply_in_maintenance(
+        &self,
+        facts: &JoinFacts,
+        guard: &mut Guard,
+    ) -> Result<Outcome, OpsError> {
         let m = need(&facts.maintenance, "maintenance")?;
         let config = read_planned(&m.config_path, &m.config_sha256)?;
         let node = &facts.node;
         let client = maintenance_client(node, &m.cert_fingerprints)?;
-        let result = client
-            .apply_configuration(ApplyRequest::new(config, ApplyMode::Auto))
+        let fresh = guard.proof(self).await?;
+        let result = self
+            .send_maintenance_apply(fresh, &client, ApplyRequest::new(config, ApplyMode::Auto))
             .await?;
         Ok(Outcome::done(format!(
             "{node}: {}",
@@ -333,9 +361,10 @@ impl Ops {
         &mut self,
         step: JoinStep,
         facts: &mut JoinFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         match step {
-            JoinStep::ApplyConfig => self.apply_in_maintenance(facts).await,
+            JoinStep::ApplyConfig => self.apply_in_maintenance(facts, guard).await,
             JoinStep::WaitVoter => self.wait_voter(facts).await,
         }
     }

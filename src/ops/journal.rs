@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use super::OpsError;
+use super::fresh::CheckRecord;
 use super::plan::{Facts, Step};
 use super::spec::OpSpec;
 
@@ -95,8 +96,12 @@ pub struct StepRecord {
     /// operation holding the cluster lock): the Lease still ours.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<super::Fence>,
+    /// The checks the engine ran right before sending it (a destructive
+    /// step), every attempt's, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<CheckRecord>,
     /// The typed step (format 2).
-    #[serde(skip)]
+    #[serde(skip_serializing, default)]
     pub(crate) step: Option<Step>,
 }
 
@@ -104,6 +109,13 @@ impl StepRecord {
     /// Its name, with its node when it has one (`try 10.5.0.2`).
     pub fn label(&self) -> String {
         super::plan::label(&self.name, self.node.as_deref())
+    }
+
+    /// Whether the cluster cannot be put back as it was once this step
+    /// ran ([`Step::point_of_no_return`]); false for a record of an earlier
+    /// format, which holds no typed step.
+    pub fn point_of_no_return(&self) -> bool {
+        self.step.as_ref().is_some_and(Step::point_of_no_return)
     }
 }
 
@@ -225,6 +237,9 @@ CREATE TABLE IF NOT EXISTS steps (
   description TEXT NOT NULL, destructive INTEGER NOT NULL, state TEXT NOT NULL,
   started TEXT, finished TEXT, duration_ms INTEGER, detail TEXT,
   PRIMARY KEY (op_id, idx));
+CREATE TABLE IF NOT EXISTS step_checks (
+  op_id TEXT NOT NULL, idx INTEGER NOT NULL, seq INTEGER NOT NULL,
+  record TEXT NOT NULL, PRIMARY KEY (op_id, idx, seq));
 ";
 
 /// Columns added within format 2 (an earlier version reading the journal
@@ -549,6 +564,14 @@ impl Journal {
             ],
         )
         .map_err(|e| self.err(e))?;
+        for record in end.checks {
+            let record = serde_json::to_string(record).unwrap_or_default();
+            tx.execute(
+                "INSERT INTO step_checks (op_id, idx, seq, record) VALUES (?1, ?2, (SELECT COUNT(*) FROM step_checks WHERE op_id = ?1 AND idx = ?2), ?3)",
+                params![id, index, record],
+            )
+            .map_err(|e| self.err(e))?;
+        }
         if let Some(next) = start_next {
             tx.execute(
                 "UPDATE steps SET state = 'running', started = ?3 WHERE op_id = ?1 AND idx = ?2",
@@ -663,6 +686,7 @@ impl Journal {
                         duration_ms: r.get::<_, Option<i64>>(7)?.map(|d| d as u64),
                         detail: r.get(8)?,
                         node: r.get(9)?,
+                        checks: Vec::new(),
                         step: r
                             .get::<_, Option<String>>(10)?
                             .and_then(|s| serde_json::from_str(&s).ok()),
@@ -674,6 +698,19 @@ impl Journal {
                 .collect::<Result<Vec<_>, _>>()
             })
             .map_err(|e| self.err(e))?;
+        let checks: Vec<(usize, String)> = conn
+            .prepare("SELECT idx, record FROM step_checks WHERE op_id = ?1 ORDER BY idx, seq")
+            .and_then(|mut s| {
+                s.query_map([id], |r| Ok((r.get::<_, i64>(0)? as usize, r.get(1)?)))?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|e| self.err(e))?;
+        for (index, record) in checks {
+            let step = op.steps.iter_mut().find(|s| s.index == index);
+            if let (Some(step), Ok(record)) = (step, serde_json::from_str(&record)) {
+                step.checks.push(record);
+            }
+        }
         Ok(Some(op))
     }
 
@@ -781,6 +818,8 @@ pub(crate) struct StepEnd<'a> {
     /// already journaled (a step run again on resume, the second half of a
     /// unit journaled after its call).
     pub started: Option<&'a str>,
+    /// The checks the engine ran for this attempt.
+    pub checks: &'a [CheckRecord],
 }
 
 #[cfg(test)]

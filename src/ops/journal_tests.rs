@@ -31,6 +31,7 @@ fn record(id: &str, destructive: &[bool]) -> OpRecord {
                 duration_ms: None,
                 detail: None,
                 fence: None,
+                checks: Vec::new(),
                 step: None,
             })
             .collect(),
@@ -60,6 +61,7 @@ fn a_failed_write_is_remembered_and_settled_honestly() {
         duration_ms: 7,
         detail: Some("/s/x.db (from n)"),
         started: None,
+        checks: &[],
     };
     let failed = journal
         .step_ended("op-1", 0, end, &facts, None)

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{member_address, names};
+use super::fresh::{Check, CheckKind, Guard};
 use super::join::{JoinFacts, JoinOptions, JoinStep, MaintenanceApply};
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo};
 use super::policy::{check_removal, pick_source, unhealthy_voters};
@@ -119,6 +120,25 @@ impl StepInfo for MigrateStep {
             MigrateStep::Join(s) => s.point_of_no_return(),
             MigrateStep::CheckRetire => false,
             MigrateStep::Retire(s) => s.point_of_no_return(),
+        }
+    }
+
+    fn precondition(&self) -> Option<CheckKind> {
+        match self {
+            MigrateStep::Join(s) => s.precondition(),
+            MigrateStep::CheckRetire => None,
+            MigrateStep::Retire(s) => s.precondition(),
+        }
+    }
+}
+
+impl MigrateStep {
+    /// Its precondition with its subject: its half's.
+    pub(crate) fn check(self, facts: &MigrateFacts) -> Option<Check> {
+        match self {
+            MigrateStep::Join(s) => s.check(&facts.join).ok().flatten(),
+            MigrateStep::CheckRetire => None,
+            MigrateStep::Retire(s) => s.check(&facts.retire),
         }
     }
 }
@@ -257,11 +277,12 @@ impl Ops {
         &mut self,
         step: MigrateStep,
         facts: &mut MigrateFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         match step {
-            MigrateStep::Join(s) => self.join_step(s, &mut facts.join).await,
+            MigrateStep::Join(s) => self.join_step(s, &mut facts.join, guard).await,
             MigrateStep::CheckRetire => self.check_retire(&mut facts.retire).await,
-            MigrateStep::Retire(s) => self.retire_step(s, &mut facts.retire).await,
+            MigrateStep::Retire(s) => self.retire_step(s, &mut facts.retire, guard).await,
         }
     }
 

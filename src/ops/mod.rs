@@ -43,6 +43,8 @@ mod config_diff;
 mod defrag;
 mod drill;
 mod engine;
+mod fresh;
+mod fresh_checks;
 mod guard;
 mod identity;
 mod join;
@@ -60,6 +62,7 @@ mod restore;
 mod retire;
 mod sa_validation;
 mod secret_paths;
+mod send;
 mod snapshot;
 mod spec;
 mod stop;
@@ -80,6 +83,7 @@ pub use cluster_lock::{ClusterLockPolicy, ClusterLockRecord, Fence, LEASE_NAME, 
 pub use config_diff::ConfigParseError;
 pub use defrag::{DefragFacts, DefragMember, DefragPhase, DefragStep};
 pub use drill::{DrillFacts, DrillStep};
+pub use fresh::{CheckKind, CheckRecord};
 pub use guard::check_plain_reset;
 pub use identity::TargetIdentity;
 pub use join::{JoinFacts, JoinStep, PlannedMaintenance};
@@ -125,6 +129,18 @@ pub enum OpsError {
         id: String,
         /// The step in flight, or the next one.
         step: String,
+    },
+    /// An earlier operation on this cluster stopped needing attention.
+    #[error(
+        "operation {id} on this cluster needs attention: step {step:?} {what}; look, then resume or abandon it first"
+    )]
+    AwaitsAttention {
+        /// Its id.
+        id: String,
+        /// The step that failed (or was in flight when it stopped).
+        step: String,
+        /// What happened to it, in words.
+        what: String,
     },
     /// The operation was parked at a step boundary on request
     /// ([`StopHandle::park`]); it stays resumable.
@@ -335,6 +351,16 @@ pub enum Event<'a> {
         /// Whether it changes the cluster.
         destructive: bool,
     },
+    /// A destructive step's check held, right before its work (and its
+    /// send) begins.
+    StepChecked {
+        /// Its position.
+        index: usize,
+        /// Its name.
+        name: &'a str,
+        /// The node it acts on, when the operation has several.
+        node: Option<&'a str>,
+    },
     /// A step's work returned and is about to be journaled as ended.
     StepAnswered {
         /// Its position.
@@ -413,6 +439,8 @@ pub struct Ops {
     cluster_lock_policy: ClusterLockPolicy,
     /// The cluster lock of the operation running, when held in a Lease.
     cluster_lease: Option<Arc<crate::kube::HeldLease>>,
+    /// The checks the current step ran (see [`fresh`]), journaled with it.
+    checks: std::sync::Mutex<Vec<CheckRecord>>,
 }
 
 impl Ops {
@@ -445,6 +473,7 @@ impl Ops {
             stop: StopHandle::new(),
             cluster_lock_policy: ClusterLockPolicy::default(),
             cluster_lease: None,
+            checks: Default::default(),
         })
     }
 
@@ -629,22 +658,41 @@ impl Ops {
     fn refuse_if_interrupted(&self) -> Result<(), OpsError> {
         // The lock is ours: an operation still marked running was
         // interrupted.
-        let interrupted = self
+        let unsettled = self
             .journal
             .list(Some(&self.fingerprint))?
             .into_iter()
             .find(|op| matches!(op.state, OpState::Running | OpState::NeedsAttention));
-        match interrupted {
-            Some(op) => {
-                let step = op
-                    .in_flight()
-                    .or_else(|| op.steps.iter().find(|s| s.state == StepState::Pending))
-                    .map(|s| s.label())
-                    .unwrap_or_default();
-                Err(OpsError::Interrupted { id: op.id, step })
-            }
-            None => Ok(()),
+        let Some(op) = unsettled else {
+            return Ok(());
+        };
+        let pending = || op.steps.iter().find(|s| s.state == StepState::Pending);
+        if op.state == OpState::Running {
+            let step = op.in_flight().or_else(pending).map(|s| s.label());
+            return Err(OpsError::Interrupted {
+                id: op.id.clone(),
+                step: step.unwrap_or_default(),
+            });
         }
+        // Needing attention: the step that failed says why, else the one
+        // in flight when it stopped.
+        let failed = op.steps.iter().find(|s| s.state == StepState::Failed);
+        let (step, what) = match (failed, op.in_flight()) {
+            (Some(s), _) => (
+                s.label(),
+                format!("failed: {}", s.detail.as_deref().unwrap_or("no detail")),
+            ),
+            (None, Some(s)) => (s.label(), "was in flight when it stopped".to_string()),
+            (None, None) => (
+                pending().map(|s| s.label()).unwrap_or_default(),
+                "is next".to_string(),
+            ),
+        };
+        Err(OpsError::AwaitsAttention {
+            id: op.id.clone(),
+            step,
+            what,
+        })
     }
 }
 

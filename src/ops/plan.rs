@@ -11,6 +11,7 @@ use sha2::Digest as _;
 use super::apply::{ApplyFacts, ApplyStep};
 use super::defrag::{DefragFacts, DefragStep};
 use super::drill::{DrillFacts, DrillStep};
+use super::fresh::{Check, CheckKind};
 use super::join::{JoinFacts, JoinStep};
 use super::lock::ClusterLock;
 use super::migrate::{MigrateFacts, MigrateStep};
@@ -26,6 +27,10 @@ pub(crate) trait StepInfo {
     fn name(&self) -> &'static str;
     /// Whether it changes the cluster.
     fn destructive(&self) -> bool;
+    /// What must hold right before it is sent: the check the engine runs
+    /// then, in the same process, every time it is sent (`Some` exactly
+    /// for the destructive steps; a test over every step holds them to it).
+    fn precondition(&self) -> Option<CheckKind>;
     /// The node it acts on, when the operation has several.
     fn node(&self) -> Option<&str> {
         None
@@ -95,6 +100,40 @@ impl Step {
     /// Whether it changes the cluster.
     pub fn destructive(&self) -> bool {
         self.info().destructive()
+    }
+
+    /// The check the engine runs right before it is sent (destructive
+    /// steps only).
+    pub fn precondition(&self) -> Option<CheckKind> {
+        self.info().precondition()
+    }
+
+    /// Its precondition with the subject `facts` give it; `None` for a
+    /// step that changes nothing, an error for a destructive one whose
+    /// check cannot be built (a fact missing, facts of another kind).
+    pub(crate) fn check(&self, facts: &Facts) -> Result<Option<Check>, OpsError> {
+        let check = match (self, facts) {
+            (Step::Retire(s), Facts::Retire(f)) => s.check(f),
+            (Step::Migrate(s), Facts::Migrate(f)) => s.check(f),
+            (Step::Join(s), Facts::Join(f)) => s.check(f)?,
+            (Step::Apply(s), Facts::Apply(f)) => s.check(f)?,
+            (Step::Defrag(s), Facts::Defrag(f)) => s.check(f)?,
+            (Step::Upgrade(s), Facts::Upgrade(f)) => s.check(f)?,
+            (Step::Restore(s), Facts::Restore(f)) => s.check(f),
+            (Step::Snapshot(_) | Step::Drill(_), _) => None,
+            _ => None,
+        };
+        let declared = self.precondition();
+        if check.as_ref().map(Check::kind) != declared {
+            return Err(OpsError::step(
+                &self.label(),
+                format!(
+                    "its precondition {} cannot be built from the operation's facts; nothing was sent",
+                    declared.map_or("(none)".into(), |k| k.to_string())
+                ),
+            ));
+        }
+        Ok(check)
     }
 
     /// Whether the next step follows it at once, with no journal write
@@ -283,3 +322,7 @@ impl Plan {
         self.cluster_lock.as_ref().map(|hold| &hold.record)
     }
 }
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

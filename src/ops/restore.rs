@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::fresh::{Check, CheckKind, Guard};
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo};
 use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
 
@@ -105,6 +106,24 @@ impl StepInfo for RestoreStep {
 
     fn point_of_no_return(&self) -> bool {
         matches!(self, RestoreStep::Bootstrap)
+    }
+
+    fn precondition(&self) -> Option<CheckKind> {
+        self.destructive().then_some(CheckKind::QuorumLost)
+    }
+}
+
+impl RestoreStep {
+    /// Its precondition with its subject: the node restored onto, and the
+    /// hosts whose etcd must not answer with a leader.
+    pub(crate) fn check(self, facts: &RestoreFacts) -> Option<Check> {
+        self.precondition()?;
+        let mut hosts = vec![facts.node.clone()];
+        hosts.extend(facts.others.iter().cloned());
+        Some(Check::QuorumLost {
+            node: facts.node.clone(),
+            hosts,
+        })
     }
 }
 
@@ -372,6 +391,7 @@ impl Ops {
         options: &RestoreOptions,
         step: RestoreStep,
         facts: &mut RestoreFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         let name = step.name();
         let node = self.client.node(facts.node.as_str());
@@ -414,7 +434,8 @@ impl Ops {
                         }
                     }
                 });
-                node.etcd_recover(chunks).await?;
+                let fresh = guard.proof(self).await?;
+                self.send_etcd_recover(fresh, &node, chunks).await?;
                 Ok(Outcome::done(format!(
                     "{} uploaded to {}",
                     facts.snapshot.display(),
@@ -422,7 +443,8 @@ impl Ops {
                 )))
             }
             RestoreStep::Bootstrap => {
-                node.bootstrap(true, false).await?;
+                let fresh = guard.proof(self).await?;
+                self.send_bootstrap_recover(fresh, &node).await?;
                 Ok(Outcome::done(format!(
                     "etcd bootstrapped on {} from the snapshot",
                     facts.node

@@ -26,9 +26,12 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterView, member_address, names};
-use super::identity::{Checked, TargetIdentity};
+use super::fresh::{Check, CheckKind, Guard, Guarded, Verdict};
+use super::fresh_checks::CHECK_CALL_TIMEOUT;
+use super::identity::TargetIdentity;
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
 use super::policy::{Source, check_removal, pick_source, unhealthy_voters};
+use super::send::Sent;
 use super::spec::millis;
 use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
 use crate::client::{MemberId, ResetRequest, WipeMode};
@@ -181,6 +184,27 @@ impl StepInfo for RetireStep {
             RetireStep::Leave | RetireStep::Remove | RetireStep::Reset
         )
     }
+
+    fn precondition(&self) -> Option<CheckKind> {
+        match self {
+            RetireStep::Forfeit | RetireStep::Leave | RetireStep::Remove => {
+                Some(CheckKind::QuorumWithout)
+            }
+            RetireStep::Reset => Some(CheckKind::OutOfEtcd),
+            _ => None,
+        }
+    }
+}
+
+impl RetireStep {
+    /// Its precondition with its subject (the retired node as planned).
+    pub(crate) fn check(self, facts: &RetireFacts) -> Option<Check> {
+        let facts = Box::new(facts.clone());
+        match self.precondition()? {
+            CheckKind::OutOfEtcd => Some(Check::OutOfEtcd(facts)),
+            _ => Some(Check::QuorumWithout(facts)),
+        }
+    }
 }
 
 /// The member a retire removes, as the preflight identified it.
@@ -281,7 +305,7 @@ impl RetireStep {
             },
             RetireStep::Check => format!(
                 "read the cluster again: survivors answer within {} s, quorum holds without {name}, {address} {}",
-                FRESH_CHECK_TIMEOUT.as_secs(),
+                CHECK_CALL_TIMEOUT.as_secs(),
                 if f.dead {
                     "still does not answer"
                 } else {
@@ -389,7 +413,8 @@ impl Ops {
             .into_iter()
             .map(|s| PlannedStep::new(Step::Retire(s), s.describe(&facts)))
             .collect();
-        let mut notes: Vec<String> = wipe_note.into_iter().collect();
+        // A dead node is sent nothing: no reset wipes anything.
+        let mut notes: Vec<String> = wipe_note.filter(|_| !facts.dead).into_iter().collect();
         let remaining = view.voters().count().saturating_sub(1);
         if facts.dead {
             notes.push(format!(
@@ -433,8 +458,9 @@ impl Ops {
         &mut self,
         step: RetireStep,
         facts: &mut RetireFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
-        let result = self.retire_step_inner(step, facts).await;
+        let result = self.retire_step_inner(step, facts, guard).await;
         // A failed step ends the lease probe too, its findings kept: they
         // matter most when the handover went wrong.
         if let Err(e) = &result
@@ -455,6 +481,7 @@ impl Ops {
         &mut self,
         step: RetireStep,
         facts: &mut RetireFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         let target = self.client.node(facts.address.as_str());
         match step {
@@ -470,25 +497,28 @@ impl Ops {
                 Ok(Outcome::done(detail))
             }
             RetireStep::Check => {
-                let checked = self.fresh_check(facts).await?;
+                // The same check the engine runs before the forfeit, the
+                // leave and the removal; here a failure changes nothing.
+                let (verdict, leads) = self.quorum_without(facts).await?;
+                let saw = match verdict {
+                    Verdict::Holds(saw, _) => saw,
+                    Verdict::Fails(saw) | Verdict::Done(saw) => {
+                        return Err(OpsError::step("check", saw));
+                    }
+                };
+                facts.leads = leads.or(facts.leads);
                 match &facts.lease_probe {
                     Some(probe) => {
                         let started = self.start_lease_probe(facts, probe).await?;
-                        Ok(Outcome::done(format!("{}; {started}", checked.detail)))
+                        Ok(Outcome::done(format!("{saw}; {started}")))
                     }
-                    None => Ok(checked),
+                    None => Ok(Outcome::done(saw)),
                 }
             }
             RetireStep::Remove => {
                 let id = facts.member()?.member_id;
-                if self.answers(&facts.address).await {
-                    return Err(OpsError::step(
-                        "remove",
-                        format!("{} answers again: plan the retire again", facts.address),
-                    ));
-                }
                 let survivor = facts.source()?.address.clone();
-                self.remove_member_through(&survivor, id).await?;
+                self.remove_member_through(&survivor, id, guard).await?;
                 Ok(Outcome::done(format!(
                     "member {id} removed through {survivor}; wipe {} before it is used again",
                     facts.address
@@ -500,7 +530,8 @@ impl Ops {
                 if status.leader != id {
                     return Ok(Outcome::skipped("the node does not lead"));
                 }
-                let successor = target.etcd_forfeit_leadership().await?;
+                let fresh = guard.proof(self).await?;
+                let successor = self.send_forfeit(fresh, &target).await?;
                 let survivor = self.client.node(facts.source()?.address.as_str());
                 let deadline = Instant::now() + Duration::from_secs(30);
                 loop {
@@ -523,22 +554,15 @@ impl Ops {
                 }
             }
             RetireStep::Leave => {
-                self.verify_before_leave(facts, "leave").await?;
-                let detail = self.leave(facts).await?;
+                let detail = self.leave(facts, guard).await?;
                 self.leave_answered = Some(Instant::now());
                 Ok(Outcome::done(detail))
             }
             RetireStep::Reset => {
+                // The engine's check came first: the leave answered moments
+                // ago in this process, or no member is at the node.
                 let answered = self.leave_answered.take();
-                if answered.is_none() {
-                    let deadline = Instant::now() + RESET_TIMEOUT;
-                    if let Checked::Evidence(detail) =
-                        self.reset_checked_until(facts, "reset", deadline).await?
-                    {
-                        return Ok(Outcome::done(detail));
-                    }
-                }
-                self.send_reset(facts, answered).await
+                self.reset_until_accepted(facts, answered, guard).await
             }
             RetireStep::Confirm => self.confirm_gone(facts.member()?.member_id).await,
             RetireStep::WaitSilent => {
@@ -578,10 +602,10 @@ impl Ops {
     ) -> Result<Option<Outcome>, OpsError> {
         match step {
             RetireStep::Leave => {
+                // Asked of the snapshot's source, else through the
+                // endpoints: one frozen survivor does not hide the answer.
                 let id = facts.member()?.member_id;
-                let survivor = self.client.node(facts.source()?.address.as_str());
-                let members = survivor.etcd_member_list(false).await?;
-                Ok((!members.iter().any(|m| m.id == id))
+                Ok((!self.still_listed(facts, id).await?)
                     .then(|| Outcome::done("reconciled: the member is already gone")))
             }
             // The reset step itself checks a reset that does not follow
@@ -592,65 +616,6 @@ impl Ops {
         }
     }
 
-    /// The fresh check right before the forfeit and the leave.
-    pub(super) async fn fresh_check(&self, facts: &mut RetireFacts) -> Result<Outcome, OpsError> {
-        let planned = facts.member()?.clone();
-        let hosts: Vec<String> = self
-            .endpoint_hosts()
-            .into_iter()
-            .filter(|h| *h != facts.address)
-            .collect();
-        let view = ClusterView::read_via(&self.client, FRESH_CHECK_TIMEOUT, &hosts).await?;
-        let Some(member) = view.find_id_member(planned.member_id) else {
-            return Err(OpsError::step(
-                "check",
-                format!(
-                    "{} (member {}) is no longer an etcd member",
-                    planned.hostname, planned.member_id
-                ),
-            ));
-        };
-        check_removal(&view, member.id, &member.hostname)
-            .map_err(|e| OpsError::step("check", e))?;
-        if let Some(lag) = raft_lag(&view, member.id) {
-            return Err(OpsError::step("check", lag));
-        }
-        if facts.dead {
-            if self.answers(&facts.address).await {
-                return Err(OpsError::step(
-                    "check",
-                    format!(
-                        "{} answers again: it was planned as dead; plan the retire again",
-                        facts.address
-                    ),
-                ));
-            }
-        } else {
-            self.verify_before_leave(facts, "check").await?;
-        }
-        facts.leads = Some(view.leader() == Some(member.id));
-        let remaining = view.voters().count() - 1;
-        let node = if facts.dead {
-            "still does not answer"
-        } else {
-            "is still the planned machine"
-        };
-        Ok(Outcome::done(format!(
-            "{} healthy voters remain after {}{}; {} {node}",
-            remaining,
-            planned.hostname,
-            if remaining % 2 == 0 {
-                format!(
-                    " (an even count: it survives no more failures than {})",
-                    remaining.saturating_sub(1)
-                )
-            } else {
-                String::new()
-            },
-            facts.address
-        )))
-    }
-
     /// Whether the node's API answers at all (bounded).
     /// Removes a member through a survivor. etcd never answers a
     /// membership proposal that a newly elected leader dropped (raft holds
@@ -658,16 +623,23 @@ impl Ops {
     /// one MemberRemove per call (v1alpha1_server.go,
     /// EtcdRemoveMemberByID): so each try is bounded, and after a try that
     /// ran out of time the member list decides whether it landed.
-    async fn remove_member_through(&self, survivor: &str, id: MemberId) -> Result<(), OpsError> {
+    /// Each try is sent on a fresh check of its own.
+    async fn remove_member_through(
+        &self,
+        survivor: &str,
+        id: MemberId,
+        guard: &mut Guard,
+    ) -> Result<(), OpsError> {
         let node = self.client.with_call_timeout(REMOVE_TRY).node(survivor);
         let mut tries = 0;
         loop {
             tries += 1;
-            match node.etcd_remove_member_by_id(id).await {
+            let fresh = guard.proof(self).await?;
+            match self.send_remove_member(fresh, &node, id).await {
                 Ok(()) => return Ok(()),
                 // Gone already: an earlier try landed after its deadline.
-                Err(crate::Error::NotFound(_)) if tries > 1 => return Ok(()),
-                Err(crate::Error::DeadlineExceeded(_)) if tries < REMOVE_TRIES => {
+                Err(Sent::Failed(crate::Error::NotFound(_))) if tries > 1 => return Ok(()),
+                Err(Sent::Failed(crate::Error::DeadlineExceeded(_))) if tries < REMOVE_TRIES => {
                     if let Ok(members) = node.etcd_member_list(false).await
                         && !members.iter().any(|m| m.id == id)
                     {
@@ -679,7 +651,7 @@ impl Ops {
         }
     }
 
-    async fn answers(&self, address: &str) -> bool {
+    pub(super) async fn answers(&self, address: &str) -> bool {
         self.client
             .with_call_timeout(Duration::from_secs(5))
             .node(address)
@@ -691,15 +663,16 @@ impl Ops {
     /// EtcdLeaveCluster with a deadline past Talos's own retry window; an
     /// answer that says nothing (a deadline, a dropped connection) is
     /// settled by asking a survivor whether the member is gone.
-    async fn leave(&self, facts: &RetireFacts) -> Result<String, OpsError> {
+    async fn leave(&self, facts: &RetireFacts, guard: &mut Guard) -> Result<String, OpsError> {
         let id = facts.member()?.member_id;
         let target = self
             .client
             .with_call_timeout(self.leave_timeouts.0)
             .node(facts.address.as_str());
-        let error = match target.etcd_leave_cluster().await {
-            Ok(_) => return Ok("the member left etcd".into()),
-            Err(e) if ambiguous(&e) => e,
+        let fresh = guard.proof(self).await?;
+        let error = match self.send_leave(fresh, &target).await {
+            Ok(()) => return Ok("the member left etcd".into()),
+            Err(Sent::Failed(e)) if ambiguous(&e) => e,
             Err(e) => return Err(e.into()),
         };
         let settle = self.leave_timeouts.1;
@@ -736,24 +709,30 @@ impl Ops {
     }
 
     /// Sends the reset, again with backoff while it is refused, until it is
-    /// accepted or the node shows it was reset. Before each resend the node
-    /// is checked again ([`Ops::reset_checked`]); while that cannot tell
-    /// (the node silent but still discovered, or refusing this client),
-    /// nothing is sent and the check repeats until the deadline.
-    async fn send_reset(
+    /// accepted or the node shows it was reset. Each send has a fresh
+    /// check of its own ([`Ops::reset_checked`] for a resend); while that
+    /// cannot tell (the node silent but still discovered, or refusing this
+    /// client), nothing is sent and the check repeats until its deadline.
+    async fn reset_until_accepted(
         &self,
         facts: &mut RetireFacts,
         leave_answered: Option<Instant>,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         let target = self.client.node(facts.address.as_str());
         let deadline = Instant::now() + RESET_TIMEOUT;
         let mut pause = Duration::from_millis(100);
         let mut attempts = 0;
+        let mut fresh = guard.proof(self).await?;
         loop {
             attempts += 1;
-            let error = match target.reset(reset_request(&facts.wipe)).await {
+            let error = match self
+                .send_reset(fresh, &target, reset_request(&facts.wipe))
+                .await
+            {
                 Ok(_) => break,
-                Err(e) => e,
+                Err(Sent::Failed(e)) => e,
+                Err(refused) => return Err(refused.into()),
             };
             if Instant::now() + pause > deadline {
                 return Err(OpsError::attention(
@@ -767,13 +746,13 @@ impl Ops {
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
-            match self.reset_checked_until(facts, "reset", deadline).await {
-                Ok(Checked::Evidence(detail)) => {
+            fresh = match guard.verdict(self).await {
+                Ok(Guarded::Fresh(fresh)) => fresh,
+                Ok(Guarded::Done(detail)) => {
                     return Ok(Outcome::done(format!(
                         "{detail} (the reset answered {error})"
                     )));
                 }
-                Ok(_) => {}
                 Err(OpsError::NeedsAttention { step, reason }) => {
                     return Err(OpsError::attention(
                         &step,
@@ -781,7 +760,7 @@ impl Ops {
                     ));
                 }
                 Err(e) => return Err(e),
-            }
+            };
         }
         let retried = if attempts > 1 {
             format!(" (attempt {attempts})")
@@ -979,9 +958,6 @@ impl Ops {
         }
     }
 }
-
-/// How long each survivor may take to answer the fresh check.
-const FRESH_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One MemberRemove try, and how many before the step fails.
 const REMOVE_TRY: Duration = Duration::from_secs(15);

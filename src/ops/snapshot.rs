@@ -113,6 +113,10 @@ impl StepInfo for SnapshotStep {
     fn destructive(&self) -> bool {
         false
     }
+
+    fn precondition(&self) -> Option<super::fresh::CheckKind> {
+        None
+    }
 }
 
 impl SnapshotStep {

@@ -26,13 +26,14 @@ use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterView, member_address};
+use super::fresh::{Check, CheckKind, Guard, PlannedNode, Voters};
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
 use super::policy::{Source, pick_source, unhealthy_voters};
 use super::spec::millis;
 use super::{OpSpec, Ops, OpsError, Outcome, Refusal};
 use crate::client::{
-    ImageNamespace, InstallProgress, MemberId, RebootMode, TalosVersion, UpgradePath,
-    UpgradeRequest, upgrade_path,
+    ImageNamespace, InstallProgress, MemberId, TalosVersion, UpgradePath, UpgradeRequest,
+    upgrade_path,
 };
 
 /// Options of an upgrade ([`OpSpec::Upgrade`]).
@@ -149,6 +150,31 @@ impl StepInfo for UpgradeStep {
     fn point_of_no_return(&self) -> bool {
         // An installed release cannot be taken back by stopping.
         self.phase == UpgradePhase::Upgrade
+    }
+
+    fn precondition(&self) -> Option<CheckKind> {
+        matches!(self.phase, UpgradePhase::Forfeit | UpgradePhase::Upgrade)
+            .then_some(CheckKind::VotersHealthy)
+    }
+}
+
+impl UpgradeStep {
+    /// Its precondition with its subject: every voter healthy, the node
+    /// still the planned member (a worker: it answers).
+    pub(crate) fn check(&self, facts: &UpgradeFacts) -> Result<Option<Check>, OpsError> {
+        if self.precondition().is_none() {
+            return Ok(None);
+        }
+        let node = node_at(facts, &self.node, self.name())?;
+        Ok(Some(Check::VotersHealthy(Voters {
+            node: Some(PlannedNode {
+                address: node.address.clone(),
+                hostname: node.hostname.clone(),
+                member_id: (!node.worker).then_some(node.member_id),
+            }),
+            except: None,
+            nospace_ok: false,
+        })))
     }
 }
 
@@ -436,6 +462,7 @@ impl Ops {
         options: &UpgradeOptions,
         step: &UpgradeStep,
         facts: &mut UpgradeFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         let name = step.name();
         match step.phase {
@@ -459,10 +486,10 @@ impl Ops {
             }
             UpgradePhase::Forfeit => {
                 let node = node_at(facts, &step.node, name)?.clone();
-                self.hand_over(&node.address, &node.hostname, node.member_id, name)
+                self.hand_over(&node.address, &node.hostname, node.member_id, guard)
                     .await
             }
-            UpgradePhase::Upgrade => self.send_upgrade(options, &step.node, facts).await,
+            UpgradePhase::Upgrade => self.send_upgrade(options, &step.node, facts, guard).await,
             UpgradePhase::WaitBack => self.wait_upgraded(options, &step.node, facts).await,
         }
     }
@@ -491,39 +518,58 @@ impl Ops {
         }
     }
 
+    /// An upgrade in flight at a crash: once the node answers (it may be
+    /// rebooting from an upgrade sent before the crash), done when it runs
+    /// the target though the plan found another release; else it is sent
+    /// again, after its check.
+    pub(super) async fn reconcile_upgrade(
+        &self,
+        options: &UpgradeOptions,
+        step: &UpgradeStep,
+        facts: &UpgradeFacts,
+    ) -> Result<Option<Outcome>, OpsError> {
+        if step.phase != UpgradePhase::Upgrade {
+            return Ok(None);
+        }
+        let node = node_at(facts, &step.node, "upgrade")?;
+        let version = self
+            .answering_version(&node.address, options.reboot_timeout, "upgrade")
+            .await?;
+        Ok(
+            (version == facts.target && node.version != facts.target).then(|| {
+                Outcome::skipped(format!(
+                    "{} already runs {version}: an upgrade sent before took",
+                    node.hostname
+                ))
+            }),
+        )
+    }
+
     /// Sends the node its upgrade, as talosctl 1.13.9 would: on a release
     /// that serves it, ImageService.Pull, LifecycleService.Upgrade and a
-    /// reboot; else the legacy MachineService.Upgrade. A node that already
-    /// runs the target though the plan found another release (the step was
-    /// interrupted after its upgrade was sent) is not sent it again.
+    /// reboot (the install and the reboot each on a fresh check); else the
+    /// legacy MachineService.Upgrade.
     async fn send_upgrade(
         &self,
         options: &UpgradeOptions,
         address: &str,
         facts: &mut UpgradeFacts,
+        guard: &mut Guard,
     ) -> Result<Outcome, OpsError> {
         let step = "upgrade";
         let node = node_at(facts, address, step)?.clone();
         let target = self.client.node(address);
-        // On a resume the node may be rebooting from an upgrade sent before
-        // the crash: wait until it answers, then do not send it twice.
         let version = self
             .answering_version(address, options.reboot_timeout, step)
             .await?;
-        if version == facts.target && node.version != facts.target {
-            return Ok(Outcome::skipped(format!(
-                "{} already runs {version}: an upgrade sent before took",
-                node.hostname
-            )));
-        }
         let boot = self.boot_id(address).await?;
         facts.boot_ids.insert(address.to_string(), boot);
-        facts.sent_ms.insert(address.to_string(), now_ms());
         let path = upgrade_path([(address, version.as_str())])?;
         match path {
             UpgradePath::Legacy => {
-                target
-                    .upgrade_legacy(&UpgradeRequest::new(&options.image))
+                let fresh = guard.proof(self).await?;
+                facts.sent_ms.insert(address.to_string(), now_ms());
+                self.send_upgrade_legacy(fresh, &target, &UpgradeRequest::new(&options.image))
                     .await?;
                 Ok(Outcome::done(format!(
                     "{} ({version}): legacy upgrade to {} sent",
@@ -534,37 +580,30 @@ impl Ops {
                 let name = target
                     .pull_image(&options.image, ImageNamespace::System)
                     .await?;
-                let mut progress = target
-                    .lifecycle_upgrade(&name, ImageNamespace::System)
-                    .await?;
+                let fresh = guard.proof(self).await?;
+                facts.sent_ms.insert(address.to_string(), now_ms());
+                let mut progress = self.send_install(fresh, &target, &name).await?;
                 let mut exit_code = None;
                 while let Some(item) = progress.next().await {
                     if let InstallProgress::ExitCode(code) = item? {
                         exit_code = Some(code);
                     }
                 }
-                match exit_code {
-                    Some(0) => {}
-                    Some(code) => {
-                        return Err(OpsError::step(
-                            step,
-                            format!(
-                                "{}: the install failed with exit code {code}; the node was not rebooted",
-                                node.hostname
-                            ),
-                        ));
-                    }
-                    None => {
-                        return Err(OpsError::step(
-                            step,
-                            format!(
-                                "{}: the install ended without an exit code; the node was not rebooted",
-                                node.hostname
-                            ),
-                        ));
-                    }
+                let failed = match exit_code {
+                    Some(0) => None,
+                    Some(code) => Some(format!("the install failed with exit code {code}")),
+                    None => Some("the install ended without an exit code".to_string()),
+                };
+                if let Some(failed) = failed {
+                    return Err(OpsError::step(
+                        step,
+                        format!("{}: {failed}; the node was not rebooted", node.hostname),
+                    ));
                 }
-                target.reboot(RebootMode::Default).await?;
+                // The install took a while: the reboot has a check of its
+                // own.
+                let fresh = guard.proof(self).await?;
+                self.send_reboot(fresh, &target).await?;
                 Ok(Outcome::done(format!(
                     "{} ({version}): {name} pulled and installed, reboot sent",
                     node.hostname

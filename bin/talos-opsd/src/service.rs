@@ -79,6 +79,7 @@ pub fn status_of(error: OpsError) -> Status {
     match error {
         OpsError::Refused(refusal) => talos_opsd_api::refusal_status(&refusal, message),
         OpsError::Interrupted { .. }
+        | OpsError::AwaitsAttention { .. }
         | OpsError::NotResumable { .. }
         | OpsError::EarlierFormat { .. } => Status::failed_precondition(message),
         OpsError::Busy { .. } => Status::aborted(message),

@@ -14,14 +14,16 @@ pub(crate) fn observe(event: &Event<'_>, state_dir: &std::path::Path) {
     journal_busy_hook(event, state_dir);
 }
 
-/// `TALOS_OPSD_TEST_CRASH=started:STEP` or `answered:STEP` aborts the daemon
-/// at that point, as a crash would (for the crash-safety tests).
+/// `TALOS_OPSD_TEST_CRASH=started:STEP`, `checked:STEP` (a destructive
+/// step's check held, nothing sent yet) or `answered:STEP` aborts the
+/// daemon at that point, as a crash would (for the crash-safety tests).
 fn crash_hook(event: &Event<'_>) {
     let Ok(crash) = std::env::var("TALOS_OPSD_TEST_CRASH") else {
         return;
     };
     let point = match event {
         Event::StepStarted { name, node, .. } => format!("started:{}", label(name, *node)),
+        Event::StepChecked { name, node, .. } => format!("checked:{}", label(name, *node)),
         Event::StepAnswered { name, node, .. } => format!("answered:{}", label(name, *node)),
         _ => return,
     };

@@ -13,7 +13,7 @@ pub fn hint(error: &OpsError) -> Option<String> {
         OpsError::Busy { .. } => {
             "wait until it ends (`talosctl-rs ops list` shows it), then plan again"
         }
-        OpsError::Interrupted { id, .. } => {
+        OpsError::Interrupted { id, .. } | OpsError::AwaitsAttention { id, .. } => {
             return Some(format!(
                 "`talosctl-rs ops resume {id}` or `talosctl-rs ops abandon {id}`"
             ));

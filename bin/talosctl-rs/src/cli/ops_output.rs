@@ -75,6 +75,7 @@ pub(super) fn progress(event: Event<'_>) {
             eprintln!("[{}] {step} ...", index + 1);
             Some(format!("started:{step}"))
         }
+        Event::StepChecked { name, node, .. } => Some(format!("checked:{}", label(name, node))),
         Event::StepAnswered { name, node, .. } => Some(format!("answered:{}", label(name, node))),
         Event::StepEnded {
             index,
@@ -107,7 +108,8 @@ pub(super) fn progress(event: Event<'_>) {
     let _ = point;
 }
 
-/// `TALOSCTL_RS_TEST_CRASH=started:STEP` or `answered:STEP` (STEP as
+/// `TALOSCTL_RS_TEST_CRASH=started:STEP`, `checked:STEP` (a destructive
+/// step's check held, nothing sent yet) or `answered:STEP` (STEP as
 /// labelled: `leave`, `try NODE`) aborts the process at that point, as a
 /// crash would (for the crash-safety tests). Only in a build with the
 /// `test-hooks` feature, which release builds leave off.

@@ -23,6 +23,25 @@ pub struct CatalogueEntry {
     pub metadata: BackupMetadata,
     /// Whether the object itself is there, with the sidecar's size.
     pub complete: bool,
+    /// The object's size in the store (`None`: no object under the key).
+    pub stored_size: Option<u64>,
+}
+
+impl CatalogueEntry {
+    /// Why the backup is not complete, in words (the size check that
+    /// failed), or `None` when it is.
+    pub fn incomplete(&self) -> Option<String> {
+        if self.complete {
+            return None;
+        }
+        let want = self.metadata.object.size;
+        Some(match self.stored_size {
+            Some(size) => format!(
+                "its object holds {size} bytes where its sidecar says {want}: truncated or still being written"
+            ),
+            None => format!("its object is missing (its sidecar says {want} bytes)"),
+        })
+    }
 }
 
 /// Lists the backups in `stores` (local and remote alike), newest first.
@@ -63,11 +82,12 @@ async fn list_one(store: &dyn Store) -> Result<Vec<CatalogueEntry>, BackupError>
         if metadata.format != FORMAT || metadata.object.key != key {
             continue;
         }
-        let complete = sizes.get(key) == Some(&metadata.object.size);
+        let stored_size = sizes.get(key).copied();
         entries.push(CatalogueEntry {
             store: store.describe(),
+            complete: stored_size == Some(metadata.object.size),
+            stored_size,
             metadata,
-            complete,
         });
     }
     Ok(entries)

@@ -111,6 +111,7 @@ mod tests {
         CatalogueEntry {
             store: store.into(),
             complete: true,
+            stored_size: Some(0),
             metadata: BackupMetadata {
                 format: FORMAT.into(),
                 cluster: cluster.into(),

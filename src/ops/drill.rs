@@ -58,6 +58,10 @@ impl StepInfo for DrillStep {
     fn destructive(&self) -> bool {
         false
     }
+
+    fn precondition(&self) -> Option<super::fresh::CheckKind> {
+        None
+    }
 }
 
 /// What a drill's preflight found and its step recorded.
@@ -132,15 +136,24 @@ impl Ops {
         let entries = crate::backup::catalogue(&[store])
             .await
             .map_err(|e| e.to_string())?;
+        let ours = |e: &&crate::backup::CatalogueEntry| e.metadata.cluster == self.context;
         let entry = match key {
-            Some(key) => entries.into_iter().find(|e| e.metadata.object.key == key),
-            None => entries
-                .into_iter()
-                .find(|e| e.metadata.cluster == self.context && e.complete),
+            Some(key) => entries.iter().find(|e| e.metadata.object.key == key),
+            None => entries.iter().filter(ours).find(|e| e.complete),
         };
-        entry.ok_or_else(|| match key {
-            Some(key) => format!("no catalogued backup {key}"),
-            None => format!("no complete backup of cluster {:?}", self.context),
+        if let Some(entry) = entry {
+            return Ok(entry.clone());
+        }
+        Err(match (key, entries.iter().find(ours)) {
+            (Some(key), _) => format!("no catalogued backup {key}"),
+            // Only incomplete ones: the newest says which check failed.
+            (None, Some(newest)) => format!(
+                "no complete backup of cluster {:?}: the newest, {}, failed the size check: {}",
+                self.context,
+                newest.metadata.object.key,
+                newest.incomplete().unwrap_or_default()
+            ),
+            (None, None) => format!("no backup of cluster {:?}", self.context),
         })
     }
 

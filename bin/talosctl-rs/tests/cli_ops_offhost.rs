@@ -215,6 +215,29 @@ async fn an_encrypted_snapshot_in_a_directory_is_the_same_object_set() {
     assert_eq!(drilled["facts"]["key"], key.as_str(), "{drilled}");
     assert_eq!(drilled["facts"]["report"]["ok"], true, "{drilled}");
 
+    // The object cut short (a copy that stopped halfway): the drill names
+    // the backup and the check it failed, not merely "no complete backup".
+    let bytes = std::fs::read(&object).unwrap();
+    std::fs::write(&object, &bytes[..bytes.len() / 2]).unwrap();
+    let truncated = run(vec![
+        "drill".into(),
+        "--from".into(),
+        dir.display().to_string(),
+        "-i".into(),
+        key_file.display().to_string(),
+    ])
+    .await;
+    assert_eq!(truncated.code, 1, "{}", truncated.stdout);
+    assert!(
+        truncated.stderr.contains(&key)
+            && truncated.stderr.contains("failed the size check")
+            && truncated
+                .stderr
+                .contains(&format!("holds {} bytes", bytes.len() / 2)),
+        "{}",
+        truncated.stderr
+    );
+
     // Plain snapshots in another directory, kept by tiers alone: with
     // --keep 0 --keep-daily 1 only the newest of today stays.
     let plain = f.state.path().join("plain");

@@ -1,6 +1,8 @@
-//! After a crash: operations left running in the journal are reconciled
-//! and continued through `Ops::resume` where every step has a reconciler;
-//! the others are marked needs-attention with their exact state. And
+//! After a crash: operations left running in the journal are continued
+//! through `Ops::resume`, whatever their kind. The engine reconciles the
+//! step in flight with the cluster and runs each destructive step's fresh
+//! check right before it is sent: where the cluster no longer allows it,
+//! nothing is sent and the operation needs attention, naming the check. And
 //! `--recover-journal`: a journal that cannot be trusted is moved aside.
 
 use std::sync::Arc;
@@ -13,37 +15,38 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::manager::{Manager, fingerprint_of};
 
-/// How old an irreversible step in flight may be for an unattended resume,
-/// unless the configuration says otherwise (`resume_within`).
+/// How old a step in flight that cannot be undone may be for an unattended
+/// resume, unless the configuration says otherwise (`resume_within`).
 pub const DEFAULT_RESUME_WITHIN: Duration = Duration::from_secs(600);
 
-/// The steps that cannot be undone: resumed unattended only while fresh.
-const IRREVERSIBLE: &[&str] = &["leave", "remove", "reset"];
-
-/// Whether an interrupted operation can be continued unattended. An apply
-/// with a step in flight may have outlived its TRY window while nobody
-/// watched; a leave, removal or reset in flight longer ago than `within`
-/// may meet another machine at the address, or a cluster that moved on:
-/// a person decides. `now` is the wall clock (the journal's times are).
-fn safe_to_resume(record: &OpRecord, within: Duration, now: OffsetDateTime) -> bool {
-    let fresh = || {
-        record
-            .steps
-            .iter()
-            .filter(|s| IRREVERSIBLE.contains(&s.name.as_str()))
-            .filter(|s| s.state == StepState::Running)
-            .all(|s| {
-                s.started
-                    .as_deref()
-                    .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
-                    .is_some_and(|t| now - t <= within)
-            })
-    };
-    match record.kind.as_str() {
-        "snapshot" | "join" => true,
-        "retire" | "migrate" => fresh(),
-        "apply" => record.in_flight().is_none_or(|s| !s.destructive),
-        _ => false,
+/// Why an interrupted operation is left for a person rather than resumed,
+/// if it is: a step in flight that cannot be undone once sent (the
+/// library says which: a leave, a reset, an installed release) whose send
+/// began longer ago than `within` (or at a time that does not read). The
+/// fresh checks cover what the cluster is now; this covers what nobody
+/// saw meanwhile (a person who stepped in, a machine replaced). `now` is
+/// the wall clock (the journal's times are).
+fn left_for_a_person(record: &OpRecord, within: Duration, now: OffsetDateTime) -> Option<String> {
+    let step = record
+        .steps
+        .iter()
+        .find(|s| s.state == StepState::Running && s.point_of_no_return())?;
+    let since = step
+        .started
+        .as_deref()
+        .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok());
+    match since {
+        Some(t) if now - t <= within => None,
+        Some(t) => Some(format!(
+            "step {:?}, which cannot be undone, was in flight {} s ago, longer than {} s",
+            step.label(),
+            (now - t).whole_seconds(),
+            within.as_secs()
+        )),
+        None => Some(format!(
+            "step {:?}, which cannot be undone, was in flight since a time that does not read",
+            step.label()
+        )),
     }
 }
 
@@ -68,23 +71,23 @@ pub async fn recover(manager: &Arc<Manager>, within: Duration) {
         for op in interrupted {
             let at = op
                 .in_flight()
-                .map(|s| format!("step {:?} in flight", s.name))
+                .map(|s| format!("step {:?} in flight", s.label()))
                 .unwrap_or_else(|| "between steps".into());
-            if safe_to_resume(&op, within, OffsetDateTime::now_utc()) {
-                match manager.resume(&name, &op.id).await {
-                    Ok(id) => {
-                        tracing::info!(target: "audit", who = "talos-opsd", cluster = %name, op = %id, "resuming an interrupted {} ({at})", op.kind)
-                    }
-                    Err(e) => {
-                        tracing::warn!(cluster = %name, op = %op.id, "not resumed ({at}): {e}")
-                    }
-                }
-            } else {
+            if let Some(why) = left_for_a_person(&op, within, OffsetDateTime::now_utc()) {
                 match manager.needs_attention(&name, &op.id) {
                     Ok(_) => {
-                        tracing::warn!(target: "audit", who = "talos-opsd", cluster = %name, op = %op.id, "needs attention: {} interrupted with {at}", op.kind)
+                        tracing::warn!(target: "audit", who = "talos-opsd", cluster = %name, op = %op.id, "needs attention: {} interrupted with {at}: {why}", op.kind)
                     }
                     Err(e) => tracing::warn!(cluster = %name, op = %op.id, "{e}"),
+                }
+                continue;
+            }
+            match manager.resume(&name, &op.id).await {
+                Ok(id) => {
+                    tracing::info!(target: "audit", who = "talos-opsd", cluster = %name, op = %id, "resuming an interrupted {} ({at}); each destructive step is sent only once its check holds", op.kind)
+                }
+                Err(e) => {
+                    tracing::warn!(cluster = %name, op = %op.id, "not resumed ({at}): {e}")
                 }
             }
         }
@@ -139,44 +142,87 @@ pub fn recover_journal(state_dir: &std::path::Path) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// A retire interrupted with its leave in flight since `started`.
-    fn retire_in_leave(started: &str) -> OpRecord {
+    /// An operation of `kind` interrupted with step `step` (typed as
+    /// journaled, e.g. `{"retire": "leave"}`) in flight since `started`.
+    fn in_flight(kind: &str, name: &str, step: serde_json::Value, started: &str) -> OpRecord {
         serde_json::from_value(serde_json::json!({
-            "id": "op", "kind": "retire", "context": "c", "ca_fingerprint": "f",
+            "id": "op", "kind": kind, "context": "c", "ca_fingerprint": "f",
             "params": {}, "facts": {}, "format": 2, "state": "running",
             "created": started, "updated": started,
             "steps": [
                 {"index": 0, "name": "snapshot", "description": "", "destructive": false,
                  "state": "done", "started": started, "finished": started,
                  "duration_ms": 1, "detail": null},
-                {"index": 1, "name": "leave", "description": "", "destructive": true,
+                {"index": 1, "name": name, "description": "", "destructive": true,
                  "state": "running", "started": started, "finished": null,
-                 "duration_ms": null, "detail": null}
+                 "duration_ms": null, "detail": null, "step": step}
             ]
         }))
         .unwrap()
+    }
+
+    fn retire_in_leave(started: &str) -> OpRecord {
+        in_flight(
+            "retire",
+            "leave",
+            serde_json::json!({"retire": "leave"}),
+            started,
+        )
     }
 
     #[test]
     fn an_irreversible_step_in_flight_is_resumed_only_while_fresh() {
         let now = OffsetDateTime::parse("2026-12-05T12:00:00Z", &Rfc3339).unwrap();
         let within = Duration::from_secs(600);
-        assert!(safe_to_resume(
-            &retire_in_leave("2026-12-05T11:55:00Z"),
-            within,
-            now
-        ));
-        assert!(!safe_to_resume(
-            &retire_in_leave("2026-12-05T11:00:00Z"),
-            within,
-            now
-        ));
+        assert_eq!(
+            left_for_a_person(&retire_in_leave("2026-12-05T11:55:00Z"), within, now),
+            None
+        );
+        let stale = left_for_a_person(&retire_in_leave("2026-12-05T11:00:00Z"), within, now);
+        assert!(
+            stale.as_deref().is_some_and(|s| s.contains("\"leave\"")),
+            "{stale:?}"
+        );
         // An unreadable start time is no proof of freshness.
-        assert!(!safe_to_resume(&retire_in_leave("yesterday"), within, now));
-        assert!(safe_to_resume(
-            &retire_in_leave("2026-12-05T11:00:00Z"),
-            Duration::from_secs(7200),
-            now
-        ));
+        assert!(left_for_a_person(&retire_in_leave("yesterday"), within, now).is_some());
+        assert_eq!(
+            left_for_a_person(
+                &retire_in_leave("2026-12-05T11:00:00Z"),
+                Duration::from_secs(7200),
+                now
+            ),
+            None
+        );
+    }
+
+    /// Which steps count is the library's answer, not a list of names: a
+    /// defragmentation or a forfeit in flight for an hour is resumed (its
+    /// check decides), an installed release is not.
+    #[test]
+    fn the_library_says_which_steps_cannot_be_undone() {
+        let now = OffsetDateTime::parse("2026-12-05T12:00:00Z", &Rfc3339).unwrap();
+        let hour_ago = "2026-12-05T11:00:00Z";
+        let within = Duration::from_secs(600);
+        let defrag = in_flight(
+            "defrag",
+            "defrag",
+            serde_json::json!({"defrag": {"phase": "defrag", "node": "10.5.0.2"}}),
+            hour_ago,
+        );
+        assert_eq!(left_for_a_person(&defrag, within, now), None);
+        let forfeit = in_flight(
+            "retire",
+            "forfeit",
+            serde_json::json!({"retire": "forfeit"}),
+            hour_ago,
+        );
+        assert_eq!(left_for_a_person(&forfeit, within, now), None);
+        let upgrade = in_flight(
+            "upgrade",
+            "upgrade",
+            serde_json::json!({"upgrade": {"phase": "upgrade", "node": "10.5.0.2"}}),
+            hour_ago,
+        );
+        assert!(left_for_a_person(&upgrade, within, now).is_some());
     }
 }

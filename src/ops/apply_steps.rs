@@ -11,7 +11,7 @@ use super::apply::{
 use super::apply_kube::{GateFailed, SKIPPED_KUBE_CHECK};
 use super::apply_vip::check_vips;
 use super::config_diff::Documents;
-use super::fresh::Guard;
+use super::fresh::{Guard, Guarded};
 use super::plan::label;
 use super::{Ops, OpsError, Outcome};
 use crate::client::resources::ConfigId;
@@ -105,7 +105,7 @@ impl Ops {
         options: &ApplyOptions,
         step: &ApplyStep,
         facts: &mut ApplyFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         let params = Params::load(options, facts)?;
         let node = step.node.as_str();
@@ -170,7 +170,7 @@ impl Ops {
         node: &str,
         params: &Params<'_>,
         facts: &mut ApplyFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         if let Ok(boot) = self.boot_id(node).await {
             facts.boot_ids.insert(node.into(), boot);
@@ -509,11 +509,18 @@ impl Ops {
         &mut self,
         node: &str,
         params: &Params<'_>,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         let step = step_name("confirm", node);
         let request = ApplyRequest::new(params.config.clone(), ApplyMode::NoReboot);
-        let fresh = guard.proof(self).await?;
+        let fresh = match guard.verdict(self).await? {
+            Guarded::Fresh(fresh) => fresh,
+            Guarded::Done(saw) => {
+                return Ok(Outcome::done(format!(
+                    "{saw}; nothing was sent (check try-pending)"
+                )));
+            }
+        };
         self.send_apply(fresh, &self.client.node(node), request)
             .await?;
         if !self.persisted(node, params).await? {
@@ -546,7 +553,7 @@ impl Ops {
         node: &str,
         params: &Params<'_>,
         facts: &mut ApplyFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         if let Ok(boot) = self.boot_id(node).await {
             facts.boot_ids.insert(node.into(), boot);

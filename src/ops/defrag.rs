@@ -333,7 +333,7 @@ impl Ops {
         &self,
         step: &DefragStep,
         facts: &mut DefragFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         let name = step.name();
         match step.phase {
@@ -399,7 +399,7 @@ impl Ops {
         address: &str,
         hostname: &str,
         id: MemberId,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         let step = &super::plan::label("forfeit", Some(address));
         let node = self
@@ -437,7 +437,7 @@ impl Ops {
         &self,
         member: &DefragMember,
         step: &str,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<i64, OpsError> {
         let node = self
             .client

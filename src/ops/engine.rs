@@ -486,10 +486,10 @@ impl Ops {
         Err(stopped)
     }
 
-    /// Runs `step` behind its guard: a destructive step's check runs
-    /// first, here, in this process (see [`Ops::guard_destructive`]); a
-    /// check that fails sends nothing, and one that finds the step's effect
-    /// there already ends it without a send.
+    /// Runs `step` with its guard: a destructive step gets its declared
+    /// check, which the guard runs right before each send, in this process
+    /// (see [`Ops::guard_destructive`]); a step that changes nothing gets
+    /// none, and cannot send.
     async fn guarded(
         &mut self,
         spec: &OpSpec,
@@ -499,18 +499,10 @@ impl Ops {
         observe: &mut (dyn FnMut(Event<'_>) + Send),
     ) -> Result<Outcome, OpsError> {
         let check = step.check(facts)?;
-        let label = step.label();
-        let mut guard = match self.guard_step(&label, step.destructive(), check).await? {
-            Ok(guard) => guard,
-            Err(done) => return Ok(done),
-        };
-        if step.destructive() {
-            observe(Event::StepChecked {
-                index,
-                name: step.name(),
-                node: step.node(),
-            });
+        if step.destructive() && check.is_none() {
+            return Err(super::fresh::undeclared(&step.label()));
         }
+        let mut guard = Guard::new(index, step.name(), step.node(), check, observe);
         self.execute(spec, step, facts, &mut guard).await
     }
 
@@ -519,7 +511,7 @@ impl Ops {
         spec: &OpSpec,
         step: &Step,
         facts: &mut Facts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         match (spec, step, facts) {
             (OpSpec::Snapshot(_), Step::Snapshot(s), Facts::Snapshot(f)) => {

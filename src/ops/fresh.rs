@@ -11,29 +11,26 @@
 //!
 //! The proof is a value: every destructive call of the operations goes
 //! through a function that takes a [`Fresh`] (src/ops/send.rs), and only
-//! [`Ops::guard_destructive`] makes one. A `Fresh` is spent by one send; a
-//! step that sends twice, or waits between its check and its send (a
-//! forfeit's wait for a new leader, an install before its reboot), asks its
-//! [`Guard`] again, which runs the check again. The time from the check's
-//! last read to the send is bounded by [`MAX_GAP`] and journaled with the
-//! step ([`CheckRecord`]), with the check and what it saw. A check that
-//! fails sends nothing: the step fails, the operation needs attention, and
-//! the error names the check and what it saw.
+//! [`Ops::guard_destructive`] makes one. The engine hands each step a
+//! [`Guard`] holding the step's check; right before each send the step asks
+//! it for a proof, and the guard runs the check then. A `Fresh` is spent by
+//! one send, so a step that sends twice (an install, then its reboot; a
+//! reset sent again) is checked before each. The time from the check's last
+//! read to the send is bounded by [`MAX_GAP`] and journaled with the step
+//! ([`CheckRecord`]), with the check and what it saw. A check that fails
+//! sends nothing: the step fails, the operation needs attention, and the
+//! error names the check and what it saw.
 
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::retire::RetireFacts;
-use super::{Ops, OpsError, Outcome};
+use super::{Event, Ops, OpsError};
 use crate::client::MemberId;
 
 /// The longest time from a check's last read to the send it allows.
 pub(crate) const MAX_GAP: Duration = Duration::from_secs(5);
-
-/// A check the engine ran before a step's work began is used for its first
-/// send only while younger than this; an older one is run again.
-const REUSE_WITHIN: Duration = Duration::from_secs(2);
 
 /// The precondition a destructive step declares (what the engine checks
 /// right before the step is sent). `docs/ops/engine.md` has a paragraph on
@@ -221,19 +218,41 @@ pub(crate) enum Guarded {
     Done(String),
 }
 
-/// A destructive step's check, handed to the step by the engine: the step
-/// asks it for a [`Fresh`] right before each send.
-pub(crate) struct Guard {
+/// A step's check, handed to the step by the engine: the step asks it for
+/// a [`Fresh`] right before each send, and it runs the check then.
+pub(crate) struct Guard<'a> {
     label: String,
+    index: usize,
+    name: &'static str,
+    node: Option<String>,
     check: Option<Check>,
-    /// The proof from the engine's check before the step's work began.
-    ready: Option<Fresh>,
+    /// Told when a check held ([`Event::StepChecked`]).
+    observe: &'a mut (dyn FnMut(Event<'_>) + Send),
 }
 
-impl Guard {
-    /// The proof for the next send: the engine's own, while recent, else
-    /// the check run again. A check that finds the step done is an error
-    /// here (only [`Guard::verdict`]'s callers can take that answer).
+impl<'a> Guard<'a> {
+    /// The guard of step `index` (`name`, on `node`), with its `check`
+    /// (none for a step that changes nothing): made by the engine.
+    pub(super) fn new(
+        index: usize,
+        name: &'static str,
+        node: Option<&str>,
+        check: Option<Check>,
+        observe: &'a mut (dyn FnMut(Event<'_>) + Send),
+    ) -> Guard<'a> {
+        Guard {
+            label: super::plan::label(name, node),
+            index,
+            name,
+            node: node.map(str::to_string),
+            check,
+            observe,
+        }
+    }
+
+    /// The proof for the send that follows at once: the check, run now. A
+    /// check that finds the step done is an error here (only
+    /// [`Guard::verdict`]'s callers can take that answer).
     pub async fn proof(&mut self, ops: &Ops) -> Result<Fresh, OpsError> {
         match self.verdict(ops).await? {
             Guarded::Fresh(fresh) => Ok(fresh),
@@ -244,22 +263,26 @@ impl Guard {
         }
     }
 
-    /// The check's answer for the next send: a proof, or evidence that the
-    /// step's effect is there already.
+    /// The check's answer for the send that follows at once, run now: a
+    /// proof, or evidence that the step's effect is there already.
     pub async fn verdict(&mut self, ops: &Ops) -> Result<Guarded, OpsError> {
-        if let Some(fresh) = self.ready.take()
-            && fresh.read_at.elapsed() <= REUSE_WITHIN
-        {
-            return Ok(Guarded::Fresh(fresh));
-        }
         let Some(check) = &self.check else {
             return Err(undeclared(&self.label));
         };
-        ops.guard_destructive(&self.label, check).await
+        let guarded = ops.guard_destructive(&self.label, check).await?;
+        if let Guarded::Fresh(_) = &guarded {
+            (self.observe)(Event::StepChecked {
+                index: self.index,
+                name: self.name,
+                node: self.node.as_deref(),
+            });
+        }
+        Ok(guarded)
     }
 }
 
-fn undeclared(label: &str) -> OpsError {
+/// The error of a send in a step that declares no precondition.
+pub(super) fn undeclared(label: &str) -> OpsError {
     OpsError::step(
         label,
         "it declares no precondition, so nothing destructive may be sent in it",
@@ -267,38 +290,6 @@ fn undeclared(label: &str) -> OpsError {
 }
 
 impl Ops {
-    /// The guard of step `label` (with its `check`, when destructive),
-    /// made by the engine right before the step's work begins: the check
-    /// runs now. `Ok(Err(outcome))` when it found the step done already.
-    pub(super) async fn guard_step(
-        &self,
-        label: &str,
-        destructive: bool,
-        check: Option<Check>,
-    ) -> Result<Result<Guard, Outcome>, OpsError> {
-        let mut guard = Guard {
-            label: label.to_string(),
-            check,
-            ready: None,
-        };
-        if !destructive {
-            return Ok(Ok(guard));
-        }
-        let Some(check) = &guard.check else {
-            return Err(undeclared(label));
-        };
-        match self.guard_destructive(label, check).await? {
-            Guarded::Fresh(fresh) => guard.ready = Some(fresh),
-            Guarded::Done(saw) => {
-                return Ok(Err(Outcome::done(format!(
-                    "{saw}; nothing was sent (check {})",
-                    check.kind()
-                ))));
-            }
-        }
-        Ok(Ok(guard))
-    }
-
     /// Right before a destructive send: THE one place where it happens.
     /// Runs `check`, journals what it saw in the step's ledger, and makes
     /// the proof a send needs; a check that does not hold is an error that

@@ -324,7 +324,7 @@ impl Ops {
     async fn apply_in_maintenance(
         &self,
         facts: &JoinFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         let m = need(&facts.maintenance, "maintenance")?;
         let config = read_planned(&m.config_path, &m.config_sha256)?;
@@ -361,7 +361,7 @@ impl Ops {
         &mut self,
         step: JoinStep,
         facts: &mut JoinFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         match step {
             JoinStep::ApplyConfig => self.apply_in_maintenance(facts, guard).await,

@@ -277,7 +277,7 @@ impl Ops {
         &mut self,
         step: MigrateStep,
         facts: &mut MigrateFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         match step {
             MigrateStep::Join(s) => self.join_step(s, &mut facts.join, guard).await,

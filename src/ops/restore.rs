@@ -391,7 +391,7 @@ impl Ops {
         options: &RestoreOptions,
         step: RestoreStep,
         facts: &mut RestoreFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         let name = step.name();
         let node = self.client.node(facts.node.as_str());

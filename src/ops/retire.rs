@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterView, member_address, names};
-use super::fresh::{Check, CheckKind, Guard, Guarded, Verdict};
+use super::fresh::{Check, CheckKind, Fresh, Guard, Guarded, Verdict};
 use super::fresh_checks::CHECK_CALL_TIMEOUT;
 use super::identity::TargetIdentity;
 use super::plan::{Facts, Plan, PlannedStep, Step, StepInfo, need};
@@ -458,7 +458,7 @@ impl Ops {
         &mut self,
         step: RetireStep,
         facts: &mut RetireFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         let result = self.retire_step_inner(step, facts, guard).await;
         // A failed step ends the lease probe too, its findings kept: they
@@ -481,7 +481,7 @@ impl Ops {
         &mut self,
         step: RetireStep,
         facts: &mut RetireFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         let target = self.client.node(facts.address.as_str());
         match step {
@@ -559,10 +559,20 @@ impl Ops {
                 Ok(Outcome::done(detail))
             }
             RetireStep::Reset => {
-                // The engine's check came first: the leave answered moments
-                // ago in this process, or no member is at the node.
+                // Its check: the leave answered moments ago in this
+                // process, or no member is at the node (or it was reset
+                // already: nothing to send).
+                let first = match guard.verdict(self).await? {
+                    Guarded::Fresh(fresh) => fresh,
+                    Guarded::Done(saw) => {
+                        return Ok(Outcome::done(format!(
+                            "{saw}; nothing was sent (check out-of-etcd)"
+                        )));
+                    }
+                };
                 let answered = self.leave_answered.take();
-                self.reset_until_accepted(facts, answered, guard).await
+                self.reset_until_accepted(facts, answered, first, guard)
+                    .await
             }
             RetireStep::Confirm => self.confirm_gone(facts.member()?.member_id).await,
             RetireStep::WaitSilent => {
@@ -628,7 +638,7 @@ impl Ops {
         &self,
         survivor: &str,
         id: MemberId,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<(), OpsError> {
         let node = self.client.with_call_timeout(REMOVE_TRY).node(survivor);
         let mut tries = 0;
@@ -663,7 +673,7 @@ impl Ops {
     /// EtcdLeaveCluster with a deadline past Talos's own retry window; an
     /// answer that says nothing (a deadline, a dropped connection) is
     /// settled by asking a survivor whether the member is gone.
-    async fn leave(&self, facts: &RetireFacts, guard: &mut Guard) -> Result<String, OpsError> {
+    async fn leave(&self, facts: &RetireFacts, guard: &mut Guard<'_>) -> Result<String, OpsError> {
         let id = facts.member()?.member_id;
         let target = self
             .client
@@ -717,13 +727,13 @@ impl Ops {
         &self,
         facts: &mut RetireFacts,
         leave_answered: Option<Instant>,
-        guard: &mut Guard,
+        mut fresh: Fresh,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         let target = self.client.node(facts.address.as_str());
         let deadline = Instant::now() + RESET_TIMEOUT;
         let mut pause = Duration::from_millis(100);
         let mut attempts = 0;
-        let mut fresh = guard.proof(self).await?;
         loop {
             attempts += 1;
             let error = match self

@@ -462,7 +462,7 @@ impl Ops {
         options: &UpgradeOptions,
         step: &UpgradeStep,
         facts: &mut UpgradeFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         let name = step.name();
         match step.phase {
@@ -554,7 +554,7 @@ impl Ops {
         options: &UpgradeOptions,
         address: &str,
         facts: &mut UpgradeFacts,
-        guard: &mut Guard,
+        guard: &mut Guard<'_>,
     ) -> Result<Outcome, OpsError> {
         let step = "upgrade";
         let node = node_at(facts, address, step)?.clone();

@@ -200,3 +200,203 @@ async fn a_resumed_upgrade_checks_every_voter_before_the_next_node() {
         refused.stderr
     );
 }
+
+/// Each member's etcd database size, by address.
+async fn db_size(f: &Fixture, address: &str) -> i64 {
+    f.sim
+        .admin()
+        .node(address)
+        .etcd_status()
+        .await
+        .unwrap()
+        .db_size
+}
+
+/// A defragmentation killed right after a member's check held, another
+/// voter frozen meanwhile: the member answers nothing while it is
+/// defragmented, so the resume checks the others again and sends nothing;
+/// thawed, it defragments.
+#[tokio::test]
+async fn a_resumed_defrag_checks_the_other_voters_again() {
+    let f = Fixture::start(3).await;
+    f.sim
+        .cluster
+        .fill("/talos-sim/fill/", 100, 16 * 1024)
+        .await
+        .unwrap();
+    f.sim.cluster.clear("/talos-sim/fill/").await.unwrap();
+    let plan = f.ops(&["--plan", "defrag", "--all"]).await.ok().json();
+    let first = plan["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "defrag")
+        .and_then(|s| s["node"].as_str())
+        .unwrap()
+        .to_string();
+    let crash = format!("checked:defrag {first}");
+    let crashed = f
+        .ops_with(
+            &f.talosconfig(),
+            &["--yes", "defrag", "--all"],
+            Some(&crash),
+        )
+        .await;
+    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
+    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let before = db_size(&f, &first).await;
+    let other = (1..=3)
+        .map(|i| f.sim.ip(i))
+        .find(|ip| *ip != first)
+        .unwrap();
+    let frozen = f.sim.cluster.node(&other).unwrap();
+    assert!(frozen.freeze_etcd().await);
+    let resumed = f.ops(&["--yes", "resume", &id]).await;
+    assert!(frozen.thaw_etcd().await);
+    assert_stopped_by_check(&f, &id, &resumed, "voters-healthy", &frozen.name).await;
+    assert!(db_size(&f, &first).await >= before, "not defragmented");
+
+    let done = f.ops(&["--yes", "resume", &id]).await.ok().json();
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert!(db_size(&f, &first).await < before, "{done}");
+}
+
+/// An apply killed before its try (a voter frozen meanwhile) and one
+/// killed before its confirmation (the node rebooted meanwhile, which
+/// rolls its try back): each resume sends nothing and names the check;
+/// the node never saves the file.
+#[tokio::test]
+async fn a_resumed_apply_checks_before_the_try_and_the_confirmation() {
+    let f = Fixture::start(3).await;
+    let node = f.sim.ip(2);
+    let file = f.config_with(
+        "sans.yaml",
+        &[("certSANs: []", "certSANs: [fresh.example]")],
+    );
+    let file = file.to_str().unwrap();
+    let apply = [
+        "-n",
+        node.as_str(),
+        "-o",
+        "json",
+        "ops",
+        "--yes",
+        "apply",
+        "-f",
+        file,
+        "--expect-change",
+        "machine.certSANs",
+        "--try-timeout",
+        "30s",
+    ];
+    let saved = || async {
+        f.sim
+            .admin()
+            .node(node.as_str())
+            .resources()
+            .machine_config(talos_client::client::resources::ConfigId::Persistent)
+            .await
+            .unwrap()
+            .yaml
+    };
+    let run = |crash: &'static str| {
+        let mut cmd = talos_test_support::cli::command(&f.talosconfig());
+        cmd.args(&apply[..5])
+            .arg("--state-dir")
+            .arg(f.state.path())
+            .args(&apply[5..]);
+        let crash = crash.replace("NODE", &node);
+        cmd.env("TALOSCTL_RS_TEST_CRASH", crash);
+        async move {
+            let output = tokio::task::spawn_blocking(move || cmd.output())
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(!output.status.success());
+        }
+    };
+
+    // Killed before the try; a voter frozen: nothing is tried.
+    run("started:try NODE").await;
+    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let frozen = f.sim.cluster.node(&f.sim.ip(3)).unwrap();
+    assert!(frozen.freeze_etcd().await);
+    let resumed = f.ops(&["--yes", "resume", &id]).await;
+    assert!(frozen.thaw_etcd().await);
+    assert_stopped_by_check(&f, &id, &resumed, "apply-ready", &frozen.name).await;
+    let target = f.sim.cluster.node(&node).unwrap();
+    assert!(!target.rollback_pending(), "no try was sent");
+    assert!(!target.active_config().contains("fresh.example"));
+    f.ops(&["abandon", &id]).await.ok();
+
+    // Killed before the confirmation; the node reboots (its try rolls
+    // back): nothing is confirmed.
+    run("started:confirm NODE").await;
+    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let boot = target.boot_id();
+    f.sim
+        .admin()
+        .node(node.as_str())
+        .reboot(talos_client::client::RebootMode::Default)
+        .await
+        .unwrap();
+    talos_test_support::sim::wait_for(
+        "the node back from its reboot",
+        std::time::Duration::from_secs(60),
+        || {
+            let back = target.boot_id() != boot;
+            let admin = f.sim.admin();
+            let node = node.clone();
+            async move {
+                let answers = admin.node(node.as_str()).version().await.is_ok();
+                (back && answers).then_some(())
+            }
+        },
+    )
+    .await;
+    let resumed = f.ops(&["--yes", "resume", &id]).await;
+    assert_stopped_by_check(&f, &id, &resumed, "try-pending", "rebooted since the try").await;
+    assert!(!saved().await.contains("fresh.example"));
+}
+
+/// A join killed before its apply in maintenance mode, the node cut off
+/// meanwhile: the resume finds it neither joined nor answering in
+/// maintenance mode, and sends nothing; healed, it is still unconfigured.
+#[tokio::test]
+async fn a_resumed_join_checks_the_node_is_in_maintenance_mode() {
+    let f = Fixture::start(3).await;
+    let new = f.sim.cluster.add_maintenance_node().await.unwrap();
+    let fingerprint = new.maintenance_fingerprint.clone().unwrap();
+    let config = f.sim.dir.path().join("controlplane.yaml");
+    let crashed = f
+        .ops_with(
+            &f.talosconfig(),
+            &[
+                "--yes",
+                "join",
+                &new.api,
+                "--config",
+                config.to_str().unwrap(),
+                "--cert-fingerprint",
+                &fingerprint,
+            ],
+            Some("started:apply-config"),
+        )
+        .await;
+    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
+    let id = newest(&f).await["id"].as_str().unwrap().to_string();
+    let ip = new.ip.to_string();
+    assert!(f.sim.cluster.partition(&ip).await.unwrap());
+    let resumed = f.ops(&["--yes", "resume", &id]).await;
+    assert!(f.sim.cluster.heal(&ip).await.unwrap());
+    assert_stopped_by_check(
+        &f,
+        &id,
+        &resumed,
+        "in-maintenance",
+        "does not answer in maintenance mode",
+    )
+    .await;
+    assert!(!f.sim.cluster.node(&ip).unwrap().is_configured());
+    assert_eq!(f.members().await.len(), 3);
+}

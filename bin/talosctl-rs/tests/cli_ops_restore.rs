@@ -90,11 +90,47 @@ async fn a_cluster_that_lost_quorum_comes_back_from_a_snapshot() {
     )
     .await;
 
-    let restored = f
-        .ops(&["--yes", "restore", "--from", &snapshot, &target])
-        .await
-        .ok()
-        .json();
+    // Killed right after the upload's check held; the target cut off
+    // meanwhile: the resume checks again that quorum is lost and the
+    // target answers with no etcd, and sends nothing.
+    let crashed = f
+        .ops_with(
+            &f.talosconfig(),
+            &["--yes", "restore", "--from", &snapshot, &target],
+            Some("checked:upload"),
+        )
+        .await;
+    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
+    let id = ops_fixture::newest(&f).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(f.sim.cluster.partition(&target).await.unwrap());
+    let resumed = f.ops(&["--yes", "resume", &id]).await;
+    assert!(f.sim.cluster.heal(&target).await.unwrap());
+    assert_ne!(resumed.code, 0, "{}", resumed.stdout);
+    assert!(
+        resumed.stderr.contains("needs attention")
+            && resumed.stderr.contains("check quorum-lost failed")
+            && resumed
+                .stderr
+                .contains(&format!("{target} does not answer")),
+        "{}",
+        resumed.stderr
+    );
+    let shown = f.ops(&["show", &id]).await.ok().json();
+    assert_eq!(shown["state"], "needs-attention", "{shown}");
+    let upload = &shown["steps"][1];
+    assert_eq!(upload["name"], "upload", "{shown}");
+    let checks = upload["checks"].as_array().unwrap();
+    assert_eq!(checks.last().unwrap()["held"], false, "{upload}");
+    assert!(
+        checks.iter().all(|c| c["gap_ms"].is_null()),
+        "nothing was sent: {upload}"
+    );
+
+    // Reachable again: the resume restores.
+    let restored = f.ops(&["--yes", "resume", &id]).await.ok().json();
     assert_eq!(restored["state"], "succeeded", "{restored}");
     let names: Vec<&str> = restored["steps"]
         .as_array()

@@ -233,8 +233,13 @@ async fn sigterm_parks_a_retire_at_a_step_boundary_and_the_restart_resumes_it() 
     assert_retired(&sim, &address).await;
 }
 
+/// An apply killed with its try in flight (journaled, not sent) used to be
+/// left for a person; now the restart resumes it like any operation: the
+/// try is reconciled (not on the node), sent again once its check holds
+/// (the node runs its saved configuration, every voter healthy), gated
+/// and confirmed.
 #[tokio::test]
-async fn an_apply_killed_during_its_try_is_left_for_a_person() {
+async fn an_apply_killed_during_its_try_is_resumed_once_its_check_holds() {
     let sim = SimCluster::start(3).await;
     let dir = tempfile::tempdir().unwrap();
     let tc = sim.dir.path().join("talosconfig");
@@ -275,33 +280,26 @@ async fn an_apply_killed_during_its_try_is_left_for_a_person() {
     let journal = talos_client::ops::Journal::open(&dir.path().join("state")).unwrap();
     let op = journal.list(None).unwrap().remove(0);
     assert_eq!(op.kind, "apply");
+    assert_eq!(
+        op.in_flight().map(|s| s.label()),
+        Some(format!("try {node}"))
+    );
     drop(journal);
     d.set_env(&[]);
     d.spawn().await;
-    let mut client = d.client().await;
-    let flagged = client
-        .get_operation(proto::GetOperationRequest { id: op.id.clone() })
+    let done = d.until_ended(&op.id).await;
+    assert_eq!(done.state, "succeeded", "{done:?}");
+    assert!(
+        d.log_text().contains("resuming an interrupted apply"),
+        "{}",
+        d.log_text()
+    );
+    let saved = sim
+        .admin()
+        .node(node.as_str())
+        .resources()
+        .machine_config(talos_client::client::resources::ConfigId::Persistent)
         .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(flagged.state, "needs-attention", "{flagged:?}");
-    let in_flight: Vec<_> = flagged
-        .steps
-        .iter()
-        .filter(|s| s.state == "running")
-        .map(|s| (s.name.as_str(), s.node.as_str()))
-        .collect();
-    assert_eq!(in_flight, [("try", node.as_str())]);
-    assert!(d.log_text().contains("needs attention"), "{}", d.log_text());
-    // It holds the cluster until a person resumes or abandons it.
-    let refused = client
-        .start_operation(proto::StartOperationRequest {
-            cluster: "a".into(),
-            plan_fingerprint: String::new(),
-            without_cluster_lock: true,
-            kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
-        })
-        .await
-        .unwrap_err();
-    assert!(refused.message().contains(&op.id), "{}", refused.message());
+        .unwrap();
+    assert!(saved.yaml.contains("vip.example"), "{}", saved.yaml);
 }

@@ -13,11 +13,13 @@
 //! answer already means the member was removed (upstream removes it before
 //! stopping etcd).
 //!
-//! Right before the forfeit a fresh check reads the cluster again within a
-//! short bound: a plan made minutes ago (a snapshot of a large database, a
-//! person at a prompt) says nothing about a survivor that froze since. A
-//! reset that does not follow its leave at once (resumed, retried, or of a
-//! node that already left) goes through [`Ops::reset_checked`]: sent only
+//! Right before the forfeit, the leave and a removal, the engine's check
+//! `quorum-without` reads the cluster again within a short bound (see
+//! src/ops/fresh.rs): a plan made minutes ago (a snapshot of a large
+//! database, a person at a prompt, a crash and a resume) says nothing about
+//! a survivor that froze since. The reset's check `out-of-etcd` is the
+//! leave's own answer when it follows at once; otherwise (resumed, retried,
+//! or of a node that already left) it is [`Ops::reset_checked`]: sent only
 //! to the planned machine when no survivor lists a member there.
 
 use std::path::PathBuf;

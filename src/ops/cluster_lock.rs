@@ -210,11 +210,12 @@ impl Ops {
         Ok(clients)
     }
 
-    /// The fencing check before destructive step `index` of operation
-    /// `id`: the Lease must still name this operation with the transition
-    /// count it was taken at (it is renewed on the spot); journaled with
-    /// the step. Without a lease (none needed, or run without one) it
-    /// passes.
+    /// The fencing check right before a send of destructive step `index`
+    /// of operation `id` (made by [`Ops::guard_destructive`] once the
+    /// step's check held): the Lease must still name this operation with
+    /// the transition count it was taken at (it is renewed on the spot);
+    /// journaled with the step. Without a lease (none needed, or run
+    /// without one) it passes.
     pub(crate) async fn fence(&self, id: &str, index: usize, label: &str) -> Result<(), OpsError> {
         let Some(lease) = self.cluster_lease.as_ref() else {
             return Ok(());

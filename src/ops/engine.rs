@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use super::fresh::{CheckRecord, Guard};
+use super::fresh::{CheckRecord, Guard, GuardAt};
 use super::journal::{self, StepEnd};
 use super::plan::{Facts, Step};
 use super::{
@@ -263,16 +263,12 @@ impl Ops {
             });
             past_no_return |= typed_step.point_of_no_return();
             let mut resumed = Resumed::No;
-            // Fencing: the cluster lock is still this operation's. The
-            // second half of a unit goes with its first (nothing may come
-            // between a leave and its reset).
-            let fenced = match step.destructive && !bound {
-                true => self.fence(&id, index, &step.label()).await,
-                false => Ok(()),
+            let at = GuardAt {
+                op: &id,
+                index,
+                bound,
             };
-            let result = if let Err(lost) = fenced {
-                Err(lost)
-            } else if in_flight && resuming {
+            let result = if in_flight && resuming {
                 match self
                     .reconcile(&spec, typed_step, &mut facts, step.started.as_deref())
                     .await
@@ -287,13 +283,13 @@ impl Ops {
                         resumed = Resumed::Again(step.started.clone());
                         started = Instant::now();
                         started_at = journal::now();
-                        self.guarded(&spec, typed_step, &mut facts, index, observe)
+                        self.guarded(&spec, typed_step, &mut facts, at, observe)
                             .await
                     }
                     Err(e) => Err(e),
                 }
             } else {
-                self.guarded(&spec, typed_step, &mut facts, index, observe)
+                self.guarded(&spec, typed_step, &mut facts, at, observe)
                     .await
             };
             observe(Event::StepAnswered { index, name, node });
@@ -495,14 +491,14 @@ impl Ops {
         spec: &OpSpec,
         step: &Step,
         facts: &mut Facts,
-        index: usize,
+        at: GuardAt<'_>,
         observe: &mut (dyn FnMut(Event<'_>) + Send),
     ) -> Result<Outcome, OpsError> {
         let check = step.check(facts)?;
         if step.destructive() && check.is_none() {
             return Err(super::fresh::undeclared(&step.label()));
         }
-        let mut guard = Guard::new(index, step.name(), step.node(), check, observe);
+        let mut guard = Guard::new(at, step.name(), step.node(), check, observe);
         self.execute(spec, step, facts, &mut guard).await
     }
 

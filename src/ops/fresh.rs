@@ -218,11 +218,25 @@ pub(crate) enum Guarded {
     Done(String),
 }
 
+/// Where a step stands in its operation, for its guard.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GuardAt<'a> {
+    /// The operation's id.
+    pub op: &'a str,
+    /// The step's position.
+    pub index: usize,
+    /// The second half of a unit, sent at once after the first (a reset
+    /// after its leave): the first's fencing covers it.
+    pub bound: bool,
+}
+
 /// A step's check, handed to the step by the engine: the step asks it for
 /// a [`Fresh`] right before each send, and it runs the check then.
 pub(crate) struct Guard<'a> {
-    label: String,
+    op: String,
     index: usize,
+    bound: bool,
+    label: String,
     name: &'static str,
     node: Option<String>,
     check: Option<Check>,
@@ -231,18 +245,20 @@ pub(crate) struct Guard<'a> {
 }
 
 impl<'a> Guard<'a> {
-    /// The guard of step `index` (`name`, on `node`), with its `check`
+    /// The guard of the step `at` (`name`, on `node`), with its `check`
     /// (none for a step that changes nothing): made by the engine.
     pub(super) fn new(
-        index: usize,
+        at: GuardAt<'_>,
         name: &'static str,
         node: Option<&str>,
         check: Option<Check>,
         observe: &'a mut (dyn FnMut(Event<'_>) + Send),
     ) -> Guard<'a> {
         Guard {
+            op: at.op.to_string(),
+            index: at.index,
+            bound: at.bound,
             label: super::plan::label(name, node),
-            index,
             name,
             node: node.map(str::to_string),
             check,
@@ -269,7 +285,12 @@ impl<'a> Guard<'a> {
         let Some(check) = &self.check else {
             return Err(undeclared(&self.label));
         };
-        let guarded = ops.guard_destructive(&self.label, check).await?;
+        let at = GuardAt {
+            op: &self.op,
+            index: self.index,
+            bound: self.bound,
+        };
+        let guarded = ops.guard_destructive(at, &self.label, check).await?;
         if let Guarded::Fresh(_) = &guarded {
             (self.observe)(Event::StepChecked {
                 index: self.index,
@@ -291,16 +312,16 @@ pub(super) fn undeclared(label: &str) -> OpsError {
 
 impl Ops {
     /// Right before a destructive send: THE one place where it happens.
-    /// Runs `check`, journals what it saw in the step's ledger, and makes
-    /// the proof a send needs; a check that does not hold is an error that
-    /// names it and what it saw (the operation then needs attention).
-    ///
-    /// The cluster lock's fencing plugs in here, after the check held:
-    /// confirm that the cluster's Lease is still this operation's, and add
-    /// its holder and transition count to the record, so that a holder
-    /// that lost the Lease stops before its next destructive send.
+    /// Runs `check` for step `label` (at `at`), journals what it saw in the
+    /// step's ledger, then the cluster lock's fencing: the Lease must still
+    /// be this operation's ([`Ops::fence`], journaled with the step; the
+    /// second half of a unit goes with its first, nothing may come between
+    /// a leave and its reset). Only then is the proof a send needs made. A
+    /// check that does not hold, or a lock no longer ours, is an error that
+    /// says so (the operation then needs attention); nothing is sent.
     pub(super) async fn guard_destructive(
         &self,
+        at: GuardAt<'_>,
         label: &str,
         check: &Check,
     ) -> Result<Guarded, OpsError> {
@@ -329,7 +350,9 @@ impl Ops {
             )),
             Verdict::Done(saw) => Ok(Guarded::Done(saw)),
             Verdict::Holds(_, read_at) => {
-                // The cluster lock's fencing goes here (see above).
+                if !at.bound {
+                    self.fence(at.op, at.index, label).await?;
+                }
                 Ok(Guarded::Fresh(Fresh {
                     kind,
                     label: label.to_string(),

@@ -15,10 +15,13 @@ use talos_test_support::sim::{SimCluster, wait_for};
 
 const IMAGE: &str = "ghcr.io/siderolabs/installer:v1.14.0";
 
+/// A start of `kind` on cluster `a` (the simulator runs no Kubernetes to
+/// hold the cluster lock).
 fn start(kind: Kind) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(kind),
     }
 }

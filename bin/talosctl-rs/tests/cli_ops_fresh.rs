@@ -280,6 +280,7 @@ async fn a_resumed_apply_checks_before_the_try_and_the_confirmation() {
         "-o",
         "json",
         "ops",
+        "--without-cluster-lock",
         "--yes",
         "apply",
         "-f",

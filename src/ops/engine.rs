@@ -22,6 +22,9 @@ struct StepEnded {
     started: Option<String>,
     /// The checks the engine ran before sending it.
     checks: Vec<CheckRecord>,
+    /// When it ended (RFC 3339): taken with its duration, since the end of
+    /// the first half of a unit is written only after the second half ran.
+    finished: String,
 }
 
 /// How a step in flight at an interruption was settled on resume.
@@ -310,6 +313,7 @@ impl Ops {
                     detail,
                     started: None,
                     checks,
+                    finished: journal::now(),
                 },
                 resumed,
                 step.started.as_deref(),
@@ -355,6 +359,7 @@ impl Ops {
                         detail: Some(&ended.detail),
                         started: ended.started.as_deref(),
                         checks: &ended.checks,
+                        finished: Some(&ended.finished),
                     };
                     self.journal
                         .remember_step_end(&id, index, &this, &facts_value);
@@ -415,6 +420,7 @@ impl Ops {
             detail: Some(&ended.detail),
             started: ended.started.as_deref(),
             checks: &ended.checks,
+            finished: Some(&ended.finished),
         };
         self.journal.step_ended(id, index, end, facts, next)?;
         let Some(observe) = observe else {
@@ -454,6 +460,7 @@ impl Ops {
             detail: Some("cancelled while waiting; nothing was changed"),
             started: None,
             checks: &[],
+            finished: None,
         };
         self.journal.step_ended(id, index, end, facts, None)?;
         self.journal.set_state(id, OpState::Cancelled)?;
@@ -588,7 +595,11 @@ fn own_times(
         Resumed::Confirmed => {
             let since = journaled.and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok());
             if let Some(since) = since {
-                let ms = (OffsetDateTime::now_utc() - since).whole_milliseconds();
+                let now = OffsetDateTime::now_utc();
+                let ms = (now - since).whole_milliseconds();
+                if let Ok(text) = now.format(&Rfc3339) {
+                    ended.finished = text;
+                }
                 ended.duration_ms = u64::try_from(ms).unwrap_or(0);
                 ended.started = journaled.map(str::to_string);
                 ended.detail = format!(

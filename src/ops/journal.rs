@@ -548,7 +548,7 @@ impl Journal {
         facts: &serde_json::Value,
         start_next: Option<usize>,
     ) -> Result<(), OpsError> {
-        let now = now();
+        let now = end.finished.map_or_else(now, str::to_string);
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(|e| self.err(e))?;
         tx.execute(
@@ -820,6 +820,9 @@ pub(crate) struct StepEnd<'a> {
     pub started: Option<&'a str>,
     /// The checks the engine ran for this attempt.
     pub checks: &'a [CheckRecord],
+    /// When the attempt ended, if not now (the first half of a unit,
+    /// written after the second half ran).
+    pub finished: Option<&'a str>,
 }
 
 #[cfg(test)]

@@ -62,6 +62,7 @@ fn a_failed_write_is_remembered_and_settled_honestly() {
         detail: Some("/s/x.db (from n)"),
         started: None,
         checks: &[],
+        finished: None,
     };
     let failed = journal
         .step_ended("op-1", 0, end, &facts, None)

@@ -82,6 +82,13 @@ async fn retire_of_the_leader_forfeits_leaves_resets_and_reports_the_gap() {
     );
     assert_eq!(steps[2].1, "done", "the leader forfeited: {record}");
     assert!(record["facts"]["leave_to_reset_gap_ms"].as_f64().unwrap() > 0.0);
+    // The leave ended before the reset, sent at once after it, started
+    // (its end is journaled with the reset's, its time is its own).
+    let at = |step: usize, field: &str| {
+        let text = record["steps"][step][field].as_str().unwrap();
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).unwrap()
+    };
+    assert!(at(3, "finished") <= at(4, "started"), "{record}");
     assert!(run.stderr.contains("[4] leave done"), "{}", run.stderr);
     // The snapshot is verified (its sidecar exists) and holds the data.
     let snapshot = PathBuf::from(record["facts"]["snapshot"].as_str().unwrap());

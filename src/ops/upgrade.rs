@@ -518,6 +518,52 @@ impl Ops {
         }
     }
 
+    /// The release node `address` runs once it answers and is not on its
+    /// way down: a reboot sent before a crash goes on asynchronously (the
+    /// node answers for a moment with its old release while its machine
+    /// status says `rebooting`, or its status no longer answers), so that
+    /// is waited out, within `limit`.
+    /// Stages as upstream's `MachineStage` names them (machine.proto).
+    async fn settled_version(
+        &self,
+        address: &str,
+        limit: Duration,
+        step: &str,
+    ) -> Result<String, OpsError> {
+        const GOING_DOWN: [&str; 3] = ["rebooting", "shutting down", "upgrading"];
+        let until = Instant::now() + limit;
+        loop {
+            let version = self
+                .answering_version(
+                    address,
+                    until.saturating_duration_since(Instant::now()),
+                    step,
+                )
+                .await?;
+            let node = self.client.node(address);
+            let stage = node.resources().machine_status().await.map(|s| s.stage);
+            let late = Instant::now() >= until;
+            match stage {
+                Ok(stage) if GOING_DOWN.contains(&stage.as_str()) => {
+                    if late {
+                        return Err(OpsError::step(
+                            step,
+                            format!("{address} is still {stage} after {} s", limit.as_secs()),
+                        ));
+                    }
+                }
+                Ok(_) => return Ok(version),
+                // Gone between the two reads (on its way down), or a status
+                // it does not serve: what answered is all there is to go on
+                // once the time is up.
+                Err(_) if late => return Ok(version),
+                Err(_) => {}
+            }
+            OpsError::poll_stop(&self.stop)?;
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     /// An upgrade in flight at a crash: once the node answers (it may be
     /// rebooting from an upgrade sent before the crash), done when it runs
     /// the target though the plan found another release; else it is sent
@@ -533,7 +579,7 @@ impl Ops {
         }
         let node = node_at(facts, &step.node, "upgrade")?;
         let version = self
-            .answering_version(&node.address, options.reboot_timeout, "upgrade")
+            .settled_version(&node.address, options.reboot_timeout, "upgrade")
             .await?;
         Ok(
             (version == facts.target && node.version != facts.target).then(|| {

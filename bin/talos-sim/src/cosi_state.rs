@@ -337,8 +337,31 @@ fn runtime_items(node: &Node, etcd: (bool, Option<u64>)) -> Vec<Item> {
     } else {
         Vec::new()
     };
+    // A node on its way down shows the stage it entered (upstream's
+    // MachineStatusController follows the sequencer); else running.
+    let stage = node
+        .runtime_events
+        .stage()
+        .and_then(|n| defs::MachineStage::try_from(n).ok())
+        .filter(|s| {
+            matches!(
+                s,
+                defs::MachineStage::Rebooting
+                    | defs::MachineStage::ShuttingDown
+                    | defs::MachineStage::Resetting
+                    | defs::MachineStage::Upgrading
+            )
+        })
+        .unwrap_or(defs::MachineStage::Running);
+    let stage_name = match stage {
+        defs::MachineStage::Rebooting => "rebooting",
+        defs::MachineStage::ShuttingDown => "shutting down",
+        defs::MachineStage::Resetting => "resetting",
+        defs::MachineStage::Upgrading => "upgrading",
+        _ => "running",
+    };
     let status = defs::MachineStatusSpec {
-        stage: defs::MachineStage::Running as i32,
+        stage: stage as i32,
         status: Some(defs::MachineStatusStatus {
             ready: unmet.is_empty(),
             unmet_conditions: unmet.clone(),
@@ -348,7 +371,7 @@ fn runtime_items(node: &Node, etcd: (bool, Option<u64>)) -> Vec<Item> {
         .iter()
         .map(|u| serde_json::json!({"name": u.name, "reason": u.reason}))
         .collect();
-    let status_yaml = serde_json::json!({"stage": "running", "status": {"ready": unmet.is_empty(), "unmetConditions": unmet_yaml}});
+    let status_yaml = serde_json::json!({"stage": stage_name, "status": {"ready": unmet.is_empty(), "unmetConditions": unmet_yaml}});
     items.push(item(
         t::RUNTIME_NAMESPACE,
         t::MACHINE_STATUS,

@@ -46,6 +46,9 @@ impl Stored {
 pub(crate) struct EventLog {
     kept: Mutex<Vec<Stored>>,
     tx: broadcast::Sender<Stored>,
+    /// The stage of the last MachineStatusEvent (machine.proto's
+    /// `MachineStage` number), which the machine status resource shows.
+    stage: Mutex<Option<i32>>,
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -147,7 +150,13 @@ impl EventLog {
         EventLog {
             kept: Mutex::new(Vec::new()),
             tx: broadcast::channel(KEPT).0,
+            stage: Mutex::new(None),
         }
+    }
+
+    /// The stage the machine last entered in this boot, if any.
+    pub(crate) fn stage(&self) -> Option<i32> {
+        *self.stage.lock().expect("stage lock")
     }
 
     /// Records `payload` (a `machine.<name>` message) caused by `actor`.
@@ -169,6 +178,7 @@ impl EventLog {
     /// Forgets every event (the log lives in memory: a boot starts anew).
     pub(crate) fn clear(&self) {
         self.kept.lock().expect("events lock").clear();
+        *self.stage.lock().expect("stage lock") = None;
     }
 
     /// The hello event, the requested past events, then a receiver of new
@@ -295,6 +305,7 @@ pub(crate) mod publish {
 
     /// The machine entering `stage`.
     pub(crate) fn stage(log: &EventLog, stage: MachineStage, ready: bool, actor: &str) {
+        *log.stage.lock().expect("stage lock") = Some(stage as i32);
         let event = machine::MachineStatusEvent {
             stage: stage as i32,
             status: Some(MachineStatus {

@@ -210,12 +210,30 @@ async fn reboot_brings_the_node_back_with_etcd() {
     let sim = SimCluster::start(3).await;
     let target = direct(&sim, 2);
     target.reboot(RebootMode::Default).await.unwrap();
+    // The reboot sequence starts a moment after the answer, as machined
+    // runs it; from then until the node goes down, its machine status says
+    // so, as a Talos node's does. Read until it is no longer running.
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        match target.resources().machine_status().await {
+            Ok(status) if status.stage == "running" => {}
+            Ok(status) => seen.push(status.stage),
+            Err(_) => break,
+        }
+    }
+    // (The window is the events' grace before the node goes down, 200 ms:
+    // on a loaded machine no read may land in it, so only what was seen
+    // is checked; ops upgrade's resume tests depend on it being seen.)
+    assert!(seen.iter().all(|s| s == "rebooting"), "{seen:?}");
     wait_down(&target).await;
     wait_for("the node to come back", Duration::from_secs(60), || async {
         target.etcd_status().await.ok()
     })
     .await;
     assert_eq!(sim.admin().etcd_member_list(false).await.unwrap().len(), 3);
+    let status = target.resources().machine_status().await.unwrap();
+    assert_eq!(status.stage, "running");
 }
 
 #[tokio::test]

@@ -84,6 +84,7 @@ pub mod maintenance;
 #[cfg(feature = "ops")]
 pub mod ops;
 pub mod snapshot;
+pub mod text;
 #[cfg(any(feature = "ops", feature = "backup"))]
 mod tiers;
 pub mod tls;

@@ -198,10 +198,10 @@ pub enum OpsError {
     #[error("the operation's facts lack {0:?}, which this step needs: abandon the operation")]
     MissingFact(String),
     /// No operation has this id.
-    #[error("no operation {0:?} in the journal")]
+    #[error("no operation {} in the journal", crate::text::quoted(.0))]
     UnknownOperation(String),
     /// The id prefix matches several operations.
-    #[error("{0:?} matches several operations; give more of the id")]
+    #[error("{} matches several operations; give more of the id", crate::text::quoted(.0))]
     AmbiguousOperation(String),
     /// The operation cannot be resumed or abandoned in its state.
     #[error("operation {id} is {state:?}: {reason}")]
@@ -257,7 +257,7 @@ pub enum OpsError {
     #[error(transparent)]
     Client(#[from] crate::Error),
     /// The journal could not be read or written.
-    #[error("journal {}: {source}", .path.display())]
+    #[error("journal {}: {source}", crate::text::shown_path(&.path.to_string_lossy()))]
     Journal {
         /// The database file.
         path: PathBuf,
@@ -278,7 +278,7 @@ pub enum OpsError {
         reason: String,
     },
     /// A file or directory operation failed.
-    #[error("{}: {source}", .path.display())]
+    #[error("{}: {source}", crate::text::shown_path(&.path.to_string_lossy()))]
     Io {
         /// The file or directory.
         path: PathBuf,

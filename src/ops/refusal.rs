@@ -10,7 +10,7 @@
 #[non_exhaustive]
 pub enum Refusal {
     /// The node to retire is not an etcd member.
-    #[error("{node} is not an etcd member (members: {})", .members.join(", "))]
+    #[error("{node} is not an etcd member (members: {})", .members.join(", "), node = crate::text::shown(.node))]
     NotMember {
         /// The node as given.
         node: String,
@@ -18,7 +18,7 @@ pub enum Refusal {
         members: Vec<String>,
     },
     /// Asked to only reset a node that is still a member.
-    #[error("{node} is said to have left etcd, but it is still etcd member {member_id}")]
+    #[error("{node} is said to have left etcd, but it is still etcd member {member_id}", node = crate::text::shown(.node))]
     StillMember {
         /// The node as given.
         node: String,
@@ -26,7 +26,7 @@ pub enum Refusal {
         member_id: String,
     },
     /// The node is the last voting member.
-    #[error("{node} is the last voting member")]
+    #[error("{node} is the last voting member", node = crate::text::shown(.node))]
     LastVoter {
         /// Its name.
         node: String,
@@ -68,7 +68,8 @@ pub enum Refusal {
     },
     /// The node is the only API endpoint of the client's context.
     #[error(
-        "{node} is the only endpoint of talosconfig context {context:?}: retiring it loses the API; add another endpoint first"
+        "{node} is the only endpoint of talosconfig context {context:?}: retiring it loses the API; add another endpoint first",
+        node = crate::text::shown(.node)
     )]
     OnlyEndpoint {
         /// The node.
@@ -77,13 +78,13 @@ pub enum Refusal {
         context: String,
     },
     /// The node to migrate from is a learner.
-    #[error("{node} is a learner, not a voter")]
+    #[error("{node} is a learner, not a voter", node = crate::text::shown(.node))]
     Learner {
         /// The node.
         node: String,
     },
     /// The node to migrate to already votes.
-    #[error("{node} is already a voting member: retire {old} on its own")]
+    #[error("{node} is already a voting member: retire {old} on its own", node = crate::text::shown(.node), old = crate::text::shown(.old))]
     AlreadyVoter {
         /// The new node.
         node: String,
@@ -93,7 +94,8 @@ pub enum Refusal {
     /// A maintenance-mode apply neither pins nor explicitly skips the
     /// node's certificate check.
     #[error(
-        "{file} is applied in maintenance mode, where the node has no certificate from the cluster's CA: pin the node's certificate fingerprint (the node prints it) or skip its verification explicitly"
+        "{file} is applied in maintenance mode, where the node has no certificate from the cluster's CA: pin the node's certificate fingerprint (the node prints it) or skip its verification explicitly",
+        file = crate::text::shown_path(.file)
     )]
     MaintenanceUnverified {
         /// The configuration file.
@@ -104,7 +106,8 @@ pub enum Refusal {
     PinsAndInsecure,
     /// The node to join with a configuration is already a member.
     #[error(
-        "{node} is already etcd member {member_id} ({hostname}): it is not in maintenance mode"
+        "{node} is already etcd member {member_id} ({hostname}): it is not in maintenance mode",
+        node = crate::text::shown(.node)
     )]
     AlreadyMember {
         /// The node.
@@ -115,7 +118,7 @@ pub enum Refusal {
         hostname: String,
     },
     /// A configuration file does not parse.
-    #[error("{file}: {error}")]
+    #[error("{file}: {error}", file = crate::text::shown_path(.file))]
     BadConfig {
         /// The file (or node).
         file: String,
@@ -123,7 +126,7 @@ pub enum Refusal {
         error: String,
     },
     /// The node does not answer in maintenance mode.
-    #[error("{node} does not answer in maintenance mode: {error}")]
+    #[error("{node} does not answer in maintenance mode: {error}", node = crate::text::shown(.node))]
     NotInMaintenance {
         /// The node.
         node: String,
@@ -136,7 +139,7 @@ pub enum Refusal {
     /// A changed path outside the expected ones.
     #[error(
         "{node}: {file} changes {}, outside the expected changes {}: stop and find out why before applying",
-        .paths.join(", "), .expected.join(", ")
+        .paths.join(", "), .expected.join(", "), node = crate::text::shown(.node), file = crate::text::shown_path(.file)
     )]
     UnexpectedChange {
         /// The node.
@@ -152,7 +155,7 @@ pub enum Refusal {
     /// an issuer, audience or key it accepts now.
     #[error(
         "{node} (Talos {version}, {role}): {}: every service-account token issued so far (the projected tokens of pods such as CoreDNS, the CNI agents and operators, and tokens held outside the cluster) is rejected as Unauthorized until it is renewed. Keep them accepted: {}",
-        .lost.join("; "), pin_advice(.version, .old)
+        .lost.join("; "), pin_advice(.version, .old), node = crate::text::shown(.node)
     )]
     IssuerChange {
         /// The node.
@@ -167,7 +170,7 @@ pub enum Refusal {
         old: String,
     },
     /// The file holds a document the node's Talos version does not know.
-    #[error("{node} runs Talos {version}, which refuses {file}: {message}")]
+    #[error("{node} runs Talos {version}, which refuses {file}: {message}", node = crate::text::shown(.node), file = crate::text::shown_path(.file))]
     UnknownDocument {
         /// The node.
         node: String,
@@ -181,7 +184,7 @@ pub enum Refusal {
     /// A change while no change was expected.
     #[error(
         "{node}: {file} changes {}, and no change was expected: name each path expected to change",
-        .paths.join(", ")
+        .paths.join(", "), node = crate::text::shown(.node), file = crate::text::shown_path(.file)
     )]
     ChangeNotExpected {
         /// The node.
@@ -195,7 +198,7 @@ pub enum Refusal {
     /// named itself.
     #[error(
         "{node}: {file} changes the secret(s) {}: a secret must be named itself as an expected change, even inside an expected document or section",
-        .paths.join(", ")
+        .paths.join(", "), node = crate::text::shown(.node), file = crate::text::shown_path(.file)
     )]
     SecretChange {
         /// The node.
@@ -207,7 +210,8 @@ pub enum Refusal {
     },
     /// The change needs a reboot, so it cannot be tried.
     #[error(
-        "{node}: {file} cannot be applied without a reboot, so it cannot be tried and rolled back. The node says: {reason}"
+        "{node}: {file} cannot be applied without a reboot, so it cannot be tried and rolled back. The node says: {reason}",
+        node = crate::text::shown(.node), file = crate::text::shown_path(.file)
     )]
     NeedsReboot {
         /// The node.
@@ -221,7 +225,7 @@ pub enum Refusal {
     /// apply waits for a reboot, or a TRY awaits confirmation or rollback.
     #[error(
         "{node} saved a configuration that differs from the one it runs ({}): a staged apply waits for a reboot, or a try-mode apply for its confirmation or rollback; applying now would replace one of them unseen",
-        paths.join(", ")
+        paths.join(", "), node = crate::text::shown(.node)
     )]
     PendingConfig {
         /// The node.
@@ -230,7 +234,7 @@ pub enum Refusal {
         paths: Vec<String>,
     },
     /// The node rejects the file.
-    #[error("{node} rejects {file}: {message}")]
+    #[error("{node} rejects {file}: {message}", node = crate::text::shown(.node), file = crate::text::shown_path(.file))]
     NodeRejects {
         /// The node.
         node: String,
@@ -241,7 +245,8 @@ pub enum Refusal {
     },
     /// The planned configuration file changed since the plan.
     #[error(
-        "{path} changed since the operation was planned: put the planned file back, or abandon the operation"
+        "{path} changed since the operation was planned: put the planned file back, or abandon the operation",
+        path = crate::text::shown_path(.path)
     )]
     FileChanged {
         /// The file.
@@ -249,7 +254,8 @@ pub enum Refusal {
     },
     /// A non-graceful reset of a voting member.
     #[error(
-        "a non-graceful reset of {node} ({hostname}): it is still a voting etcd member. Wiping it without leaving etcd leaves a dead member that still counts: {voters} voters need {quorum} healthy, and one more failure would stop the cluster"
+        "a non-graceful reset of {node} ({hostname}): it is still a voting etcd member. Wiping it without leaving etcd leaves a dead member that still counts: {voters} voters need {quorum} healthy, and one more failure would stop the cluster",
+        node = crate::text::shown(.node)
     )]
     ResetOfVoter {
         /// The node.
@@ -262,7 +268,7 @@ pub enum Refusal {
         quorum: usize,
     },
     /// A reset whose target's membership cannot be read.
-    #[error("a non-graceful reset of {node}: cannot tell whether it is an etcd member ({error})")]
+    #[error("a non-graceful reset of {node}: cannot tell whether it is an etcd member ({error})", node = crate::text::shown(.node))]
     MembershipUnknown {
         /// The node.
         node: String,
@@ -282,7 +288,7 @@ pub enum Refusal {
     /// A label to wipe names no volume the node can wipe.
     #[error(
         "{node} has no located volume {label} to wipe (its volumes: {})",
-        .volumes.join(", ")
+        .volumes.join(", "), node = crate::text::shown(.node), label = crate::text::shown(.label)
     )]
     UnknownWipeLabel {
         /// The node.
@@ -293,7 +299,7 @@ pub enum Refusal {
         volumes: Vec<String>,
     },
     /// An off-host store cannot be used as named.
-    #[error("store {store}: {error}")]
+    #[error("store {store}: {error}", store = crate::text::shown_path(.store))]
     BadStore {
         /// The store as named.
         store: String,
@@ -332,7 +338,7 @@ pub enum Refusal {
         reason: String,
     },
     /// The snapshot to restore does not verify.
-    #[error("{file} cannot be restored: {error}")]
+    #[error("{file} cannot be restored: {error}", file = crate::text::shown_path(.file))]
     BadSnapshot {
         /// The file.
         file: String,
@@ -342,7 +348,8 @@ pub enum Refusal {
     /// A member's etcd answers with a leader: the cluster has quorum, and a
     /// restore would throw away what was written since the snapshot.
     #[error(
-        "{node}'s etcd answers with leader {leader}: the cluster has quorum, and a restore would throw away everything written since the snapshot"
+        "{node}'s etcd answers with leader {leader}: the cluster has quorum, and a restore would throw away everything written since the snapshot",
+        node = crate::text::shown(.node)
     )]
     LiveEtcd {
         /// The node.
@@ -351,7 +358,7 @@ pub enum Refusal {
         leader: String,
     },
     /// The node to restore onto cannot take the restore.
-    #[error("{node} cannot be restored onto: {reason}")]
+    #[error("{node} cannot be restored onto: {reason}", node = crate::text::shown(.node))]
     RestoreTarget {
         /// The node.
         node: String,
@@ -368,7 +375,7 @@ pub enum Refusal {
     },
     /// The node's volumes could not be read, so its wipe labels cannot be
     /// checked.
-    #[error("cannot read {node}'s volumes to check the labels to wipe: {error}")]
+    #[error("cannot read {node}'s volumes to check the labels to wipe: {error}", node = crate::text::shown(.node))]
     VolumesUnknown {
         /// The node.
         node: String,
@@ -378,7 +385,8 @@ pub enum Refusal {
     /// An upgrade image whose tag names no release, so nothing could tell
     /// whether a node came back on it.
     #[error(
-        "{image}: its tag names no Talos release (as in ghcr.io/siderolabs/installer:v1.14.0), so a node's return on it cannot be checked"
+        "{image}: its tag names no Talos release (as in ghcr.io/siderolabs/installer:v1.14.0), so a node's return on it cannot be checked",
+        image = crate::text::shown(.image)
     )]
     ImageWithoutRelease {
         /// The image given.
@@ -391,7 +399,7 @@ pub enum Refusal {
         alarms: Vec<String>,
     },
     /// An upgrade step Talos does not support, not accepted knowingly.
-    #[error("{node} runs {from}; going to {to} is refused: {reason}")]
+    #[error("{node} runs {from}; going to {to} is refused: {reason}", node = crate::text::shown(.node))]
     UnsupportedStep {
         /// The node.
         node: String,

@@ -34,10 +34,7 @@ impl ClusterLock {
             path: dir.clone(),
             source,
         })?;
-        let path = dir.join(format!(
-            "{}.lock",
-            &fingerprint[..fingerprint.len().min(32)]
-        ));
+        let path = lock_path(state_dir, fingerprint);
         let io = |source| OpsError::Io {
             path: path.clone(),
             source,
@@ -51,18 +48,7 @@ impl ClusterLock {
             .map_err(io)?;
         match file.try_lock() {
             Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let holder = holder.trim();
-                return Err(OpsError::Busy {
-                    holder: if holder.is_empty() {
-                        "an operation being set up".into()
-                    } else {
-                        holder.to_string()
-                    },
-                });
-            }
+            Err(TryLockError::WouldBlock) => return Err(busy(file)),
             Err(TryLockError::Error(e)) => return Err(io(e)),
         }
         file.set_len(0).map_err(io)?;
@@ -73,9 +59,52 @@ impl ClusterLock {
         Ok(ClusterLock { file, path })
     }
 
+    /// Refuses ([`OpsError::Busy`], naming the holder) while another
+    /// holds the lock of the cluster with CA fingerprint `fingerprint`;
+    /// takes it only for the instant of the test, writing nothing.
+    pub fn probe(state_dir: &Path, fingerprint: &str) -> Result<(), OpsError> {
+        let path = lock_path(state_dir, fingerprint);
+        let file = match OpenOptions::new().read(true).open(&path) {
+            Ok(file) => file,
+            // Never taken yet: nobody holds it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => return Err(OpsError::Io { path, source }),
+        };
+        match file.try_lock() {
+            Ok(()) => {
+                let _ = file.unlock();
+                Ok(())
+            }
+            Err(TryLockError::WouldBlock) => Err(busy(file)),
+            Err(TryLockError::Error(source)) => Err(OpsError::Io { path, source }),
+        }
+    }
+
     /// The lock file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// The lock file of the cluster with CA fingerprint `fingerprint`.
+fn lock_path(state_dir: &Path, fingerprint: &str) -> PathBuf {
+    state_dir.join("locks").join(format!(
+        "{}.lock",
+        &fingerprint[..fingerprint.len().min(32)]
+    ))
+}
+
+/// The refusal naming the holder, as written in the lock `file`.
+fn busy(mut file: File) -> OpsError {
+    let mut holder = String::new();
+    let _ = file.read_to_string(&mut holder);
+    let holder = holder.trim();
+    OpsError::Busy {
+        holder: if holder.is_empty() {
+            "an operation being set up".into()
+        } else {
+            holder.to_string()
+        },
     }
 }
 

@@ -590,17 +590,7 @@ impl Ops {
             true => self.take_cluster_lock(&id).await?,
             false => None,
         };
-        let mut plan = match spec {
-            OpSpec::Snapshot(o) => self.plan_snapshot(o).await?,
-            OpSpec::Retire(o) => self.plan_retire(o).await?,
-            OpSpec::Join(o) => self.plan_join(o).await?,
-            OpSpec::Migrate(o) => self.plan_migrate(o).await?,
-            OpSpec::Apply(o) => self.plan_apply(o).await?,
-            OpSpec::Drill(o) => self.plan_drill(o).await?,
-            OpSpec::Defrag(o) => self.plan_defrag(o).await?,
-            OpSpec::Upgrade(o) => self.plan_upgrade(o).await?,
-            OpSpec::Restore(o) => self.plan_restore(o).await?,
-        };
+        let mut plan = self.plan_spec(spec).await?;
         plan.id = id;
         plan.lock = Some(Arc::new(lock));
         // After the fingerprint: the holder names this plan's id.
@@ -612,6 +602,54 @@ impl Ops {
             None => {}
         }
         plan.cluster_lock = cluster_lock;
+        Ok(plan)
+    }
+
+    /// Plans `spec` as [`Ops::plan`] does and changes nothing, without
+    /// taking a lock, neither the state directory's nor the cluster lock:
+    /// any number of previews run at once, and a preview of an unreachable
+    /// cluster holds nothing while it waits. Refused as a plan would be
+    /// while another operation holds the cluster or an interrupted one
+    /// awaits `resume` or `abandon`. The plan has no id and no lock;
+    /// [`Ops::run`] takes both (and refuses as [`Ops::plan`] does) should it
+    /// be run.
+    pub async fn preview(&self, spec: &OpSpec) -> Result<Plan, OpsError> {
+        spec.check_bounds()?;
+        let waiting = self
+            .journal
+            .list(Some(&self.fingerprint))?
+            .into_iter()
+            .find(|op| matches!(op.state, OpState::Running | OpState::NeedsAttention));
+        if let Some(op) = &waiting
+            && op.state == OpState::Running
+        {
+            // Running in another process, or interrupted: only the lock
+            // tells, and it is let go at once.
+            ClusterLock::probe(&self.state_dir, &self.fingerprint)?;
+        }
+        if waiting.is_some() {
+            self.refuse_if_interrupted()?;
+        }
+        let mut plan = self.plan_spec(spec).await?;
+        if spec.may_change_cluster() {
+            plan.notes
+                .push("cluster lock: taken when the operation starts".into());
+        }
+        Ok(plan)
+    }
+
+    async fn plan_spec(&self, spec: &OpSpec) -> Result<Plan, OpsError> {
+        let plan = match spec {
+            OpSpec::Snapshot(o) => self.plan_snapshot(o).await?,
+            OpSpec::Retire(o) => self.plan_retire(o).await?,
+            OpSpec::Join(o) => self.plan_join(o).await?,
+            OpSpec::Migrate(o) => self.plan_migrate(o).await?,
+            OpSpec::Apply(o) => self.plan_apply(o).await?,
+            OpSpec::Drill(o) => self.plan_drill(o).await?,
+            OpSpec::Defrag(o) => self.plan_defrag(o).await?,
+            OpSpec::Upgrade(o) => self.plan_upgrade(o).await?,
+            OpSpec::Restore(o) => self.plan_restore(o).await?,
+        };
         Ok(plan)
     }
 

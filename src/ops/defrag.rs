@@ -151,6 +151,21 @@ pub struct DefragMember {
     pub db_size_after: Option<i64>,
 }
 
+impl DefragFacts {
+    /// These facts with every database size zeroed: a plan's fingerprint
+    /// covers the members and their order, not the sizes, which a busy
+    /// cluster changes every second.
+    pub(crate) fn without_sizes(&self) -> DefragFacts {
+        let mut facts = self.clone();
+        for m in &mut facts.members {
+            m.db_size = 0;
+            m.db_size_in_use = 0;
+            m.db_size_after = None;
+        }
+        facts
+    }
+}
+
 impl DefragMember {
     /// Bytes given back, once defragmented.
     pub fn reclaimed(&self) -> Option<i64> {
@@ -213,6 +228,27 @@ fn bytes(n: i64) -> String {
     } else {
         format!("{:.1} KiB", n / 1024.0)
     }
+}
+
+/// A member's database size before and after its defragmentation, in
+/// words: the bytes given back, or that it grew while the defragmentation
+/// ran (writes went on; etcd gave back what it could), never a negative
+/// reclaim.
+fn size_change(hostname: &str, before: i64, after: i64) -> String {
+    if after > before {
+        return format!(
+            "{hostname}: {} -> {}: the database grew by {} while it ran (writes went on), nothing to report as reclaimed",
+            bytes(before),
+            bytes(after),
+            bytes(after - before)
+        );
+    }
+    format!(
+        "{hostname}: {} -> {}, {} reclaimed",
+        bytes(before),
+        bytes(after),
+        bytes(before - after)
+    )
 }
 
 impl Ops {
@@ -366,11 +402,8 @@ impl Ops {
                     .expect("found above");
                 slot.db_size_after = Some(after);
                 Ok(Outcome::done(format!(
-                    "{}: {} -> {}, {} reclaimed; healthy and caught up",
-                    member.hostname,
-                    bytes(member.db_size),
-                    bytes(after),
-                    bytes(member.db_size - after)
+                    "{}; healthy and caught up",
+                    size_change(&member.hostname, member.db_size, after)
                 )))
             }
             DefragPhase::Disarm => {
@@ -602,6 +635,59 @@ mod tests {
                 ("defrag".into(), at("10.0.0.1")),
                 ("disarm".into(), at("10.0.0.1")),
             ]
+        );
+    }
+
+    /// A database that grew while it was defragmented is said to have
+    /// grown, in words, never "-212.0 KiB reclaimed".
+    #[test]
+    fn a_database_that_grew_is_reported_in_words() {
+        let grew = size_change("cp-1", 20 << 10, 232 << 10);
+        assert_eq!(
+            grew,
+            "cp-1: 20.0 KiB -> 232.0 KiB: the database grew by 212.0 KiB while it ran (writes went on), nothing to report as reclaimed"
+        );
+        assert!(!grew.contains("-212"), "{grew}");
+        assert_eq!(
+            size_change("cp-2", 4 << 20, 1 << 20),
+            "cp-2: 4.0 MiB -> 1.0 MiB, 3.0 MiB reclaimed"
+        );
+    }
+
+    /// Two plans of the same defragmentation whose members' databases
+    /// changed size in between have the same fingerprint; a change of the
+    /// members or their order does not.
+    #[test]
+    fn the_fingerprint_does_not_cover_database_sizes() {
+        let plan = |a: i64, b: i64, leader_first: bool| {
+            let mut first = member("cp-1", a, a / 10, false);
+            first.address = "10.0.0.1".into();
+            let mut second = member("cp-2", b, b / 10, true);
+            second.address = "10.0.0.2".into();
+            let members = if leader_first {
+                vec![second, first]
+            } else {
+                vec![first, second]
+            };
+            let facts = DefragFacts {
+                members,
+                nospace: Vec::new(),
+            };
+            let steps = defrag_steps(&facts);
+            Plan::new(
+                OpSpec::Defrag(DefragOptions::new()),
+                steps,
+                vec![format!("{a} bytes")],
+                Facts::Defrag(facts),
+                "basis",
+            )
+        };
+        let before = plan(20 << 10, 24 << 10, false);
+        let busy = plan(232 << 10, 300 << 10, false);
+        assert_eq!(before.fingerprint, busy.fingerprint);
+        assert_ne!(
+            before.fingerprint,
+            plan(20 << 10, 24 << 10, true).fingerprint
         );
     }
 

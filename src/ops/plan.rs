@@ -243,9 +243,12 @@ pub struct Plan {
     pub notes: Vec<String>,
     /// Facts the steps start from (node addresses, member ids).
     pub facts: Facts,
-    /// sha256 (hex) of the spec, the facts, the steps and the cluster as
-    /// read by the preflight: equal plans of an unchanged cluster have
-    /// equal fingerprints.
+    /// sha256 (hex) of what a confirmation is about: the spec, the steps
+    /// and their order, the facts (less numbers that change by themselves,
+    /// such as database sizes) and the cluster as read by the preflight
+    /// (members, roles, health, leader): equal plans of an unchanged
+    /// cluster have equal fingerprints, and a busy cluster's growing
+    /// database does not change them.
     pub fingerprint: String,
     #[serde(skip)]
     pub(crate) lock: Option<Arc<ClusterLock>>,
@@ -279,18 +282,23 @@ impl Plan {
         plan
     }
 
+    /// What a confirmation is about: the operation, its typed steps in
+    /// order (each with its node), the facts they start from less the
+    /// numbers that change by themselves (a defragmentation's database
+    /// sizes), and the cluster as read (members, roles, health, leader).
+    /// Descriptions and notes are words about these, often with those
+    /// numbers in them, and are left out.
     fn digest(&self, basis: &str) -> String {
         let mut hasher = sha2::Sha256::new();
-        let steps: Vec<_> = self
-            .steps
-            .iter()
-            .map(|s| (&s.step, &s.description))
-            .collect();
+        let steps: Vec<_> = self.steps.iter().map(|s| &s.step).collect();
+        let facts = match &self.facts {
+            Facts::Defrag(f) => serde_json::to_string(&Facts::Defrag(f.without_sizes())),
+            other => serde_json::to_string(other),
+        };
         for part in [
             serde_json::to_string(&self.spec),
-            serde_json::to_string(&self.facts),
+            facts,
             serde_json::to_string(&steps),
-            serde_json::to_string(&self.notes),
         ] {
             hasher.update(part.unwrap_or_default().as_bytes());
             hasher.update([0]);

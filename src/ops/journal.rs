@@ -22,6 +22,8 @@ use super::fresh::CheckRecord;
 use super::plan::{Facts, Step};
 use super::spec::OpSpec;
 
+#[path = "journal_schema.rs"]
+mod schema;
 #[path = "journal_settle.rs"]
 mod settle;
 pub use settle::Unsaved;
@@ -307,9 +309,8 @@ impl Journal {
         let conn = Connection::open(&path).map_err(|e| OpsError::journal(&path, e))?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .and_then(|()| conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"))
-            .and_then(|()| conn.execute_batch(SCHEMA))
             .map_err(|e| corrupt_or(&path, e))?;
-        upgrade(&conn, &path)?;
+        schema::prepare(&conn, &path)?;
         add_columns(&conn, &path)?;
         drop(setup);
         restrict(&path)?;
@@ -388,9 +389,26 @@ impl Journal {
         corrupt_or(&self.path, e)
     }
 
-    /// Checks the whole database (`PRAGMA quick_check`): a journal with a
-    /// damaged page is refused here, at start, rather than answering
-    /// "malformed" to every later call.
+    /// Puts right in place what can be: a `user_version` set back by hand
+    /// on tables of this format. Returns what was done; `None` when nothing
+    /// needed it or the damage is of another kind (see
+    /// [`Journal::check`]).
+    pub fn repair(state_dir: &Path) -> Result<Option<String>, OpsError> {
+        let path = state_dir.join("journal.sqlite");
+        if !path.exists() {
+            return Ok(None);
+        }
+        let conn = Connection::open(&path).map_err(|e| corrupt_or(&path, e))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(|e| corrupt_or(&path, e))?;
+        schema::repair(&conn, &path)
+    }
+
+    /// Checks the whole database (`PRAGMA quick_check`) and the type of
+    /// every value the journal reads: a journal with a damaged page, or a
+    /// value of the wrong type (a BLOB where a time is due), is refused
+    /// here, at start, naming the table and column, rather than answering
+    /// "malformed" or a conversion error to every later call.
     pub fn check(&self) -> Result<(), OpsError> {
         let found: Vec<String> = self
             .conn()
@@ -401,7 +419,7 @@ impl Journal {
             })
             .map_err(|e| self.err(e))?;
         match found.as_slice() {
-            [ok] if ok == "ok" => Ok(()),
+            [ok] if ok == "ok" => schema::check_values(&self.conn(), &self.path),
             _ => Err(OpsError::CorruptJournal {
                 path: self.path.clone(),
                 reason: format!("its integrity check failed ({})", found.join("; ")),
@@ -771,24 +789,6 @@ fn restrict(path: &Path) -> Result<(), OpsError> {
         }
     }
     Ok(())
-}
-
-/// Brings a journal of format 1 to format 2 (once); refuses a journal of
-/// a later format than this version writes.
-fn upgrade(conn: &Connection, path: &Path) -> Result<(), OpsError> {
-    let version: u32 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| corrupt_or(path, e))?;
-    match version {
-        0 | 1 => conn
-            .execute_batch(UPGRADE_TO_2)
-            .map_err(|e| corrupt_or(path, e)),
-        FORMAT => Ok(()),
-        later => Err(OpsError::LaterFormat {
-            path: path.to_owned(),
-            format: later,
-        }),
-    }
 }
 
 /// Adds the [`CLUSTER_LOCK_COLUMNS`] a journal lacks.

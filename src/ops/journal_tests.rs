@@ -257,3 +257,109 @@ fn ids_match_literally_never_as_patterns() {
     let huge = "%".repeat(3 << 20);
     assert!(matches!(found(&huge), Err(OpsError::UnknownOperation(_))));
 }
+
+/// A format-2 journal in `dir` with one operation and one step.
+fn journal_with_one(dir: &std::path::Path) -> std::path::PathBuf {
+    let journal = Journal::open(dir).unwrap();
+    journal.create(&record("op-1", &[false])).unwrap();
+    journal.step_started("op-1", 0).unwrap();
+    dir.join("journal.sqlite")
+}
+
+fn corrupt_reason(result: Result<Journal, OpsError>) -> String {
+    match result {
+        Err(OpsError::CorruptJournal { reason, .. }) => reason,
+        Err(other) => panic!("not refused as corrupt: {other}"),
+        Ok(_) => panic!("opened"),
+    }
+}
+
+/// A version set back by hand on tables of this format is refused naming
+/// it (never "duplicate column name"), and repaired in place with the
+/// history kept.
+#[test]
+fn a_version_set_back_by_hand_is_refused_then_repaired() {
+    for version in [0, 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = journal_with_one(dir.path());
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch(&format!("PRAGMA user_version = {version}"))
+            .unwrap();
+        let reason = corrupt_reason(Journal::open(dir.path()));
+        assert!(
+            reason.contains(&format!("user_version is {version}")),
+            "{reason}"
+        );
+        assert!(reason.contains("--recover-journal"), "{reason}");
+        let done = Journal::repair(dir.path()).unwrap().unwrap();
+        assert!(done.contains("set back to 2"), "{done}");
+        let journal = Journal::open(dir.path()).unwrap();
+        journal.check().unwrap();
+        assert_eq!(journal.get("op-1").unwrap().steps.len(), 1);
+        assert_eq!(Journal::repair(dir.path()).unwrap(), None);
+    }
+}
+
+/// A value of the wrong type passes SQLite's own check; the journal's
+/// check names its table, column and row.
+#[test]
+fn a_blob_where_a_time_is_due_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = journal_with_one(dir.path());
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch("UPDATE steps SET started = x'00ff'")
+        .unwrap();
+    let journal = Journal::open(dir.path()).unwrap();
+    match journal.check() {
+        Err(OpsError::CorruptJournal { reason, .. }) => {
+            assert!(reason.contains("steps.started"), "{reason}");
+            assert!(reason.contains("blob"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Dropped or altered tables are refused by name; a dropped table is
+/// never made again, empty, as if the history had never been.
+#[test]
+fn dropped_or_altered_tables_are_refused_by_name() {
+    let cases = [
+        ("DROP TABLE operations", "table operations is missing"),
+        ("DROP TABLE steps", "table steps is missing"),
+        (
+            "DROP TABLE steps; DROP TABLE operations",
+            "tables operations and steps are gone",
+        ),
+        (
+            "ALTER TABLE steps RENAME COLUMN detail TO details",
+            "steps has no column detail",
+        ),
+        ("ALTER TABLE operations DROP COLUMN format", "half upgraded"),
+        (
+            "CREATE TABLE s2 (op_id TEXT, idx INTEGER, name TEXT, description TEXT, destructive INTEGER, state TEXT, started BLOB, finished TEXT, duration_ms INTEGER, detail TEXT, node TEXT, step TEXT); DROP TABLE steps; ALTER TABLE s2 RENAME TO steps",
+            "steps.started is declared \"BLOB\"",
+        ),
+    ];
+    for (damage, says) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let path = journal_with_one(dir.path());
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch(damage)
+            .unwrap();
+        let reason = corrupt_reason(Journal::open(dir.path()));
+        assert!(reason.contains(says), "{damage}: {reason}");
+        let tables: i64 = rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(tables <= 2, "{damage}: nothing is made");
+        assert_eq!(Journal::repair(dir.path()).unwrap(), None, "{damage}");
+    }
+}

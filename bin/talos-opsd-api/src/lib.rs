@@ -556,6 +556,33 @@ impl From<proto::Plan> for PlanView {
     }
 }
 
+impl From<proto::ResumePlan> for PlanView {
+    /// A resume's plan as a plan is shown: the operation's kind and
+    /// parameters, the steps a resume runs (the one in flight first), its
+    /// notes and the fingerprint to confirm with.
+    fn from(plan: proto::ResumePlan) -> PlanView {
+        let operation = plan.operation.unwrap_or_default();
+        let parse = |text: &str| serde_json::from_str(text).unwrap_or_default();
+        PlanView {
+            kind: operation.kind,
+            spec: parse(&operation.params_json),
+            steps: plan
+                .steps
+                .into_iter()
+                .map(|s| PlanStepView {
+                    node: opt(&s.node).map(str::to_string),
+                    name: s.name,
+                    description: s.description,
+                    destructive: s.destructive,
+                })
+                .collect(),
+            notes: plan.notes,
+            facts: parse(&operation.facts_json),
+            fingerprint: plan.fingerprint,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

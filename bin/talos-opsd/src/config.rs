@@ -8,6 +8,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use talos_client::config::{Overrides, ResolvedContext, TalosConfig};
 
+pub use crate::cadence::{Cadence, CronSchedule};
+
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -32,6 +34,16 @@ pub enum ConfigError {
         key: String,
         /// What is wrong.
         message: String,
+    },
+    /// The file holds no setting at all (a truncated or emptied file, most
+    /// likely): refused unless `--allow-empty` says an empty one is meant.
+    #[error(
+        "{}: the file holds no setting (empty, or only comments): it would run with no cluster; pass --allow-empty if that is meant",
+        .path.display()
+    )]
+    Empty {
+        /// The file.
+        path: PathBuf,
     },
 }
 
@@ -208,60 +220,6 @@ impl DefragSchedule {
     }
 }
 
-/// A parsed cron expression.
-#[derive(Debug, Clone)]
-pub struct CronSchedule(pub croner::Cron);
-
-impl<'de> Deserialize<'de> for CronSchedule {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        text.parse::<croner::Cron>()
-            .map(CronSchedule)
-            .map_err(|e| serde::de::Error::custom(format!("{text:?}: {e}")))
-    }
-}
-
-/// When a scheduled task runs: a steady interval or a cron expression.
-pub trait Cadence {
-    /// The interval, if the schedule is one.
-    fn interval(&self) -> Option<HumanDuration>;
-    /// The cron expression, if the schedule is one.
-    fn cron(&self) -> Option<&CronSchedule>;
-
-    /// How long from now until the next run is due (at most
-    /// [`MAX_DURATION`]).
-    fn until_next(&self) -> Duration {
-        until_next(self.interval().as_ref(), self.cron())
-    }
-}
-
-impl Cadence for SnapshotSchedule {
-    fn interval(&self) -> Option<HumanDuration> {
-        self.interval
-    }
-    fn cron(&self) -> Option<&CronSchedule> {
-        self.cron.as_ref()
-    }
-}
-
-impl Cadence for DefragSchedule {
-    fn interval(&self) -> Option<HumanDuration> {
-        self.interval
-    }
-    fn cron(&self) -> Option<&CronSchedule> {
-        self.cron.as_ref()
-    }
-}
-
-impl Cadence for DrillSchedule {
-    fn interval(&self) -> Option<HumanDuration> {
-        self.interval
-    }
-    fn cron(&self) -> Option<&CronSchedule> {
-        self.cron.as_ref()
-    }
-}
-
 impl SnapshotSchedule {
     /// How the store is reached, as configured.
     pub fn access(&self) -> talos_client::ops::S3Access {
@@ -287,21 +245,6 @@ impl SnapshotSchedule {
         options.kit = self.kit;
         options.tiers = talos_client::ops::Tiers::new(self.hourly, self.daily, self.weekly);
         options
-    }
-}
-
-fn until_next(interval: Option<&HumanDuration>, cron: Option<&CronSchedule>) -> Duration {
-    match (interval, cron) {
-        (Some(interval), _) => interval.0.min(MAX_DURATION),
-        (None, Some(cron)) => {
-            let now = chrono::Utc::now();
-            cron.0
-                .find_next_occurrence(&now, false)
-                .ok()
-                .and_then(|next| (next - now).to_std().ok())
-                .unwrap_or(Duration::from_secs(60))
-        }
-        (None, None) => Duration::from_secs(3600),
     }
 }
 
@@ -357,13 +300,27 @@ pub struct ResolvedCluster {
 }
 
 impl Config {
-    /// Reads and checks `path`: syntax, keys, durations, unique cluster
-    /// names, each talosconfig and its context.
-    pub fn load(path: &Path) -> Result<(Config, Vec<ResolvedCluster>), ConfigError> {
+    /// Reads and checks `path`: syntax, keys, durations, cron expressions
+    /// that fire within a year, unique cluster names, each talosconfig and
+    /// its context. A file with no setting at all is refused unless
+    /// `allow_empty`.
+    pub fn load(
+        path: &Path,
+        allow_empty: bool,
+    ) -> Result<(Config, Vec<ResolvedCluster>), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
+        let settings = text
+            .lines()
+            .map(str::trim)
+            .any(|l| !l.is_empty() && !l.starts_with('#'));
+        if !settings && !allow_empty {
+            return Err(ConfigError::Empty {
+                path: path.to_owned(),
+            });
+        }
         Config::parse(&text, path)
     }
 
@@ -478,6 +435,36 @@ impl Config {
                         key("defrag.threshold"),
                         format!("{t} is not an in-use share in (0, 1]"),
                     ));
+                }
+            }
+            let now = chrono::Utc::now();
+            for (section, cron) in [
+                (
+                    "snapshots",
+                    cluster.snapshots.as_ref().and_then(|s| s.cron.as_ref()),
+                ),
+                (
+                    "drills",
+                    cluster.drills.as_ref().and_then(|s| s.cron.as_ref()),
+                ),
+                (
+                    "defrag",
+                    cluster.defrag.as_ref().and_then(|s| s.cron.as_ref()),
+                ),
+            ] {
+                if let Some(Err(message)) = cron.map(|c| c.check(now)) {
+                    let header = section_line(&format!("[cluster.{section}]"));
+                    let line = text
+                        .lines()
+                        .enumerate()
+                        .skip(header)
+                        .find(|(_, l)| {
+                            l.trim_start()
+                                .strip_prefix("cron")
+                                .is_some_and(|r| r.trim_start().starts_with('='))
+                        })
+                        .map_or(header, |(i, _)| i + 1);
+                    return Err(invalid(line, key(&format!("{section}.cron")), message));
                 }
             }
             let tc_line = line_in_cluster("talosconfig");
@@ -687,7 +674,7 @@ mod tests {
         let text = "[[cluster]]\nname = \"a\"\ntalosconfig = \"/x\"\n[cluster.snapshots]\ncron = \"*/5 * * * *\"\n";
         let config: Config = toml::from_str(text).unwrap();
         let next = config.clusters[0].snapshots.as_ref().unwrap().until_next();
-        assert!(next <= Duration::from_secs(300), "{next:?}");
+        assert!(next.unwrap() <= Duration::from_secs(300), "{next:?}");
         let (line, key, message) = err(&text.replace("*/5 * * * *", "every tuesday"));
         assert_eq!(
             (line, key.as_str()),
@@ -701,6 +688,32 @@ mod tests {
             (4, "cluster[0].snapshots"),
             "{message}"
         );
+    }
+
+    /// A cron expression that never fires (or not within a year) is
+    /// refused with its key and line, like any other bad value.
+    #[test]
+    fn a_cron_that_never_fires_is_refused_with_its_line() {
+        let text = "[[cluster]]\nname = \"a\"\ntalosconfig = \"/x\"\n[cluster.snapshots]\ninterval = \"1h\"\n[cluster.defrag]\ncron = \"0 0 31 2 *\"\n";
+        let (line, key, message) = err(text);
+        assert_eq!(
+            (line, key.as_str()),
+            (7, "cluster[0].defrag.cron"),
+            "{message}"
+        );
+        assert!(message.contains("never fires"), "{message}");
+    }
+
+    #[test]
+    fn an_empty_file_is_refused_unless_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "# nothing here\n\n").unwrap();
+        let e = Config::load(&path, false).unwrap_err();
+        assert!(matches!(e, ConfigError::Empty { .. }), "{e}");
+        assert!(e.to_string().contains("--allow-empty"), "{e}");
+        let (_, clusters) = Config::load(&path, true).unwrap();
+        assert!(clusters.is_empty());
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub struct Overrides {
     pub state_dir: Option<PathBuf>,
     /// `--recover-journal`.
     pub recover_journal: bool,
+    /// `--allow-empty`: a configuration with no setting, or a reload that
+    /// drops every cluster, is taken as meant.
+    pub allow_empty: bool,
 }
 
 /// The state directory: configured, else `/var/lib/talos-opsd` as root,
@@ -46,7 +49,7 @@ pub fn state_dir(config: &Config, overrides: &Overrides) -> anyhow::Result<PathB
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()> {
-    let (config, clusters) = Config::load(config_path)?;
+    let (config, clusters) = Config::load(config_path, overrides.allow_empty)?;
     let state_dir = state_dir(&config, &overrides)?;
     let socket = overrides
         .socket
@@ -101,13 +104,17 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
     schedule::start(&manager, &generation);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let service = OpsdServer::new(Service::new(Arc::clone(&manager)));
+    let service = OpsdServer::new(Service::new(Arc::clone(&manager)))
+        .max_decoding_message_size(crate::accept::MAX_REQUEST_BYTES);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
     let unix_server = tokio::spawn(
         tonic::transport::Server::builder()
             .max_concurrent_streams(crate::accept::MAX_STREAMS_PER_CONNECTION)
+            .layer(crate::track::TrackLayer::<
+                tonic::transport::server::UdsConnectInfo,
+            >::new())
             .layer(tower::util::MapResponseLayer::new(undecodable_is_invalid))
             .add_service(service.clone())
             .serve_with_incoming_shutdown(
@@ -119,6 +126,7 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
         tokio::spawn(
             tonic::transport::Server::builder()
                 .max_concurrent_streams(crate::accept::MAX_STREAMS_PER_CONNECTION)
+                .layer(crate::track::TrackLayer::<listen::TlsPeer>::new())
                 .layer(tower::util::MapResponseLayer::new(undecodable_is_invalid))
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())),
@@ -133,9 +141,11 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            _ = hup.recv() => reload(config_path, &manager, &generation),
+            _ = hup.recv() => reload(config_path, &manager, &generation, overrides.allow_empty),
         }
     }
+    // New work is refused from here on, before it is said.
+    manager.stop_taking_work();
     tracing::info!("stopping: no new work; running operations park at their next step boundary");
     manager.shutdown().await;
     let _ = stop_tx.send(true);
@@ -150,8 +160,13 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
 
 /// SIGHUP: the clusters and their schedules from the file again; a bad
 /// file keeps the running configuration. Listeners need a restart.
-fn reload(path: &Path, manager: &Arc<Manager>, generation: &Arc<AtomicU64>) {
-    match Config::load(path) {
+fn reload(path: &Path, manager: &Arc<Manager>, generation: &Arc<AtomicU64>, allow_empty: bool) {
+    match Config::load(path, allow_empty) {
+        Ok((_, clusters))
+            if clusters.is_empty() && !manager.clusters().is_empty() && !allow_empty =>
+        {
+            tracing::error!(target: "audit", who = "SIGHUP", clusters = manager.clusters().len(), "configuration not reloaded: {} configures no cluster, which would drop all {} running ones (their schedules and API); pass --allow-empty if that is meant", path.display(), manager.clusters().len())
+        }
         Ok((_, clusters)) => {
             manager.set_clusters(clusters);
             generation.fetch_add(1, Ordering::SeqCst);
@@ -159,7 +174,7 @@ fn reload(path: &Path, manager: &Arc<Manager>, generation: &Arc<AtomicU64>) {
             tracing::info!(target: "audit", who = "SIGHUP", clusters = manager.clusters().len(), "configuration reloaded");
         }
         Err(e) => {
-            tracing::error!(target: "audit", who = "SIGHUP", "configuration not reloaded: {e}")
+            tracing::error!(target: "audit", who = "SIGHUP", "configuration not reloaded: {}", talos_client::text::escaped(&e.to_string(), 2048))
         }
     }
 }
@@ -195,14 +210,18 @@ fn undecodable_is_invalid<B>(
 ) -> tonic::codegen::http::Response<B> {
     use tonic::codegen::http::HeaderValue;
     let headers = response.headers_mut();
-    let internal = headers.get("grpc-status").is_some_and(|s| s == "13");
-    let undecodable = headers
+    let message = headers
         .get("grpc-message")
         .and_then(|m| m.to_str().ok())
-        .is_some_and(|m| {
-            m.starts_with("failed%20to%20decode") || m.starts_with("failed to decode")
-        });
-    if internal && undecodable {
+        .map(|m| m.replace("%20", " "))
+        .unwrap_or_default();
+    let status = headers.get("grpc-status");
+    // A message that does not decode (INTERNAL) or is larger than any
+    // request may be (OUT_OF_RANGE, before it is decoded).
+    let undecodable = status.is_some_and(|s| s == "13") && message.starts_with("failed to decode");
+    let too_large = status.is_some_and(|s| s == "11")
+        && message.starts_with("Error, decoded message length too large");
+    if undecodable || too_large {
         headers.insert("grpc-status", HeaderValue::from_static("3"));
     }
     response

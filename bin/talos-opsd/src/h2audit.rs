@@ -111,29 +111,41 @@ impl Frames {
 pub struct Audited {
     inner: UnixStream,
     who: String,
+    /// The user, the unit its audit lines are bounded in.
+    user: String,
     frames: Frames,
 }
 
 impl Audited {
     /// `inner`, audited as its peer's credentials.
     pub fn new(inner: UnixStream) -> Audited {
-        let who = match inner.peer_cred() {
-            Ok(cred) => format!(
-                "uid={} pid={}",
-                cred.uid(),
-                cred.pid().map_or("?".to_string(), |p| p.to_string())
+        let (who, user) = match inner.peer_cred() {
+            Ok(cred) => (
+                format!(
+                    "uid={} pid={}",
+                    cred.uid(),
+                    cred.pid().map_or("?".to_string(), |p| p.to_string())
+                ),
+                format!("uid={}", cred.uid()),
             ),
-            Err(_) => "unix socket peer (no credentials)".into(),
+            Err(_) => (
+                "unix socket peer (no credentials)".to_string(),
+                "unix socket peer (no credentials)".to_string(),
+            ),
         };
         Audited {
             inner,
             who,
+            user,
             frames: Frames::default(),
         }
     }
 
     fn audit(&mut self, written: &[u8]) {
         for refusal in self.frames.feed(written) {
+            if !crate::ratelimit::audit_allowed(&self.user) {
+                continue;
+            }
             match refusal {
                 Refusal::Reset { stream, .. } => tracing::warn!(
                     target: "audit",

@@ -78,7 +78,8 @@ fn defragmented(record: &OpRecord) -> Vec<DefragMemberResult> {
                 .map(Duration::from_millis);
             Some(DefragMemberResult {
                 member: m["hostname"].as_str().unwrap_or(address).to_string(),
-                reclaimed: m["db_size"].as_i64()? - after,
+                // A database that grew while it ran gave nothing back.
+                reclaimed: (m["db_size"].as_i64()? - after).max(0),
                 took,
             })
         })

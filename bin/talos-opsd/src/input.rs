@@ -2,6 +2,7 @@
 //! that no name, node or id reaches a log line, an error trailer or the
 //! journal at a size the caller chose.
 
+use talos_opsd_api::proto::start_operation_request::Kind;
 use tonic::Status;
 
 use crate::service::quoted;
@@ -15,6 +16,65 @@ pub const MAX_FIELD_LEN: usize = 1024;
 pub const MAX_FINGERPRINT_LEN: usize = 128;
 /// The longest error message sent back; longer ones are cut.
 pub const MAX_MESSAGE_LEN: usize = 2048;
+/// The most entries of any list in a request (nodes, labels to wipe,
+/// paths expected to change, certificate fingerprints): far above any
+/// cluster's, far below what a message could carry.
+pub const MAX_LIST_LEN: usize = 256;
+
+/// Refuses a request whose lists are longer than [`MAX_LIST_LEN`]
+/// (`INVALID_ARGUMENT`, naming the list), before anything else is made of
+/// them.
+pub fn check_lists(kind: &Kind) -> Result<(), Status> {
+    let fingerprints = |m: &Option<talos_opsd_api::proto::MaintenanceConfig>| {
+        m.as_ref().map_or(0, |m| m.cert_fingerprints.len())
+    };
+    let lists: Vec<(&str, usize)> = match kind {
+        Kind::Snapshot(_) => Vec::new(),
+        Kind::Retire(r) => vec![("retire.wipe", r.wipe.len())],
+        Kind::Join(j) => vec![(
+            "join.maintenance.cert_fingerprints",
+            fingerprints(&j.maintenance),
+        )],
+        Kind::Migrate(m) => vec![
+            ("migrate.wipe", m.wipe.len()),
+            (
+                "migrate.maintenance.cert_fingerprints",
+                fingerprints(&m.maintenance),
+            ),
+        ],
+        Kind::Apply(a) => vec![
+            ("apply.nodes", a.nodes.len()),
+            ("apply.expect_change", a.expect_change.len()),
+        ],
+        Kind::Defrag(d) => vec![("defrag.nodes", d.nodes.len())],
+        Kind::Upgrade(u) => vec![("upgrade.nodes", u.nodes.len())],
+    };
+    match lists.into_iter().find(|(_, len)| *len > MAX_LIST_LEN) {
+        None => Ok(()),
+        Some((list, len)) => Err(Status::invalid_argument(format!(
+            "{list} has {len} entries, more than {MAX_LIST_LEN}"
+        ))),
+    }
+}
+
+/// Parameters (as JSON) for an audit line: every string longer than a
+/// name cut with its length, the whole at most 1024 bytes.
+pub fn described(params: &serde_json::Value) -> String {
+    fn cut(value: &serde_json::Value) -> serde_json::Value {
+        match value {
+            serde_json::Value::String(s) if s.chars().count() > talos_client::text::NAME_BOUND => {
+                let kept: String = s.chars().take(talos_client::text::NAME_BOUND).collect();
+                serde_json::Value::String(format!("{kept}... ({} bytes)", s.len()))
+            }
+            serde_json::Value::Array(items) => items.iter().map(cut).collect(),
+            serde_json::Value::Object(map) => {
+                map.iter().map(|(k, v)| (k.clone(), cut(v))).collect()
+            }
+            other => other.clone(),
+        }
+    }
+    truncated(&cut(params).to_string(), 1024)
+}
 
 /// Refuses a cluster name longer than [`MAX_NAME_LEN`] (`INVALID_ARGUMENT`).
 pub fn check_name(name: &str) -> Result<(), Status> {
@@ -78,13 +138,17 @@ pub fn truncated(text: &str, max: usize) -> String {
     format!("{}... ({} bytes)", &text[..cut], text.len())
 }
 
-/// `status` with its message cut to [`MAX_MESSAGE_LEN`], its code,
-/// details and metadata kept, so that it always fits in a trailer.
+/// `status` with the control characters of its message escaped (it may
+/// quote what a caller sent) and the message cut to [`MAX_MESSAGE_LEN`],
+/// its code, details and metadata kept, so that it always fits in a
+/// trailer and stays one line wherever it is shown.
 pub fn bounded(status: Status) -> Status {
-    if status.message().len() <= MAX_MESSAGE_LEN {
+    let message = status.message();
+    let clean = talos_client::text::escaped(message, usize::MAX).to_string();
+    if clean.len() <= MAX_MESSAGE_LEN && clean == message {
         return status;
     }
-    let message = truncated(status.message(), MAX_MESSAGE_LEN);
+    let message = truncated(&clean, MAX_MESSAGE_LEN);
     let mut cut = Status::with_details(status.code(), message, status.details().to_vec().into());
     *cut.metadata_mut() = status.metadata().clone();
     cut
@@ -109,5 +173,27 @@ mod tests {
         let status = bounded(Status::not_found("é".repeat(MAX_MESSAGE_LEN)));
         assert!(status.message().len() < MAX_MESSAGE_LEN + 40);
         assert_eq!(status.code(), tonic::Code::NotFound);
+        let status = bounded(Status::failed_precondition("x\nforged\u{1b}[2J"));
+        assert_eq!(status.message(), "x\\nforged\\u{1b}[2J");
+    }
+
+    #[test]
+    fn long_lists_are_refused_by_name() {
+        let labels = vec!["STATE".to_string(); MAX_LIST_LEN + 1];
+        let kind = Kind::Retire(talos_opsd_api::proto::RetireParams {
+            wipe: labels,
+            ..Default::default()
+        });
+        let e = check_lists(&kind).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("retire.wipe"), "{}", e.message());
+    }
+
+    #[test]
+    fn described_parameters_cut_each_long_string() {
+        let params = serde_json::json!({"retire": {"node": "n".repeat(1000), "wipe": ["STATE"]}});
+        let text = described(&params);
+        assert!(text.contains("... (1000 bytes)"), "{text}");
+        assert!(text.len() < 200, "{text}");
     }
 }

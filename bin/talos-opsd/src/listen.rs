@@ -130,11 +130,7 @@ pub struct TlsConn {
 }
 
 impl TlsConn {
-    fn new(
-        stream: TlsStream<TcpStream>,
-        addr: SocketAddr,
-        permit: tokio::sync::OwnedSemaphorePermit,
-    ) -> TlsConn {
+    fn new(stream: TlsStream<TcpStream>, addr: SocketAddr, slot: crate::slots::Slot) -> TlsConn {
         let subject = stream
             .get_ref()
             .1
@@ -147,7 +143,7 @@ impl TlsConn {
             })
             .unwrap_or_default();
         TlsConn {
-            stream: accept::Held::new(stream, permit),
+            stream: accept::Held::new(stream, slot),
             peer: TlsPeer { subject, addr },
         }
     }
@@ -188,6 +184,9 @@ async fn handshake_with(
         ),
         None => "no client certificate".to_string(),
     };
+    if !matches!(result, Ok(Ok(_))) && !crate::ratelimit::audit_allowed(&addr.ip().to_string()) {
+        return None;
+    }
     match result {
         Ok(Ok(stream)) => Some(stream),
         Ok(Err(e)) => {
@@ -261,9 +260,12 @@ impl rustls::server::danger::ClientCertVerifier for Recording {
 }
 
 impl Connected for TlsConn {
-    type ConnectInfo = TlsPeer;
-    fn connect_info(&self) -> TlsPeer {
-        self.peer.clone()
+    type ConnectInfo = accept::Conn<TlsPeer>;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        accept::Conn {
+            peer: self.peer.clone(),
+            state: std::sync::Arc::clone(self.stream.state()),
+        }
     }
 }
 
@@ -338,21 +340,28 @@ pub fn tls_incoming(
     tokio::spawn(async move {
         accept::run(
             "tcp",
-            accept::MAX_TCP_CONNECTIONS,
+            crate::slots::Slots::new("tcp", accept::MAX_TCP_CONNECTIONS),
             || {
                 let listener = Arc::clone(&listener);
-                async move { listener.accept().await }
+                async move {
+                    let (tcp, addr) = listener.accept().await?;
+                    Ok(((tcp, addr), addr.ip().to_string()))
+                }
             },
-            |(tcp, addr), permit| {
+            |(tcp, addr), conn_slot| {
                 let slot = match handshakes.admit(addr.ip()) {
                     Ok((slot, evicted)) => {
-                        if let Some(ip) = evicted {
+                        if let Some(ip) = evicted
+                            && crate::ratelimit::audit_allowed(&ip.to_string())
+                        {
                             tracing::warn!(target: "audit", who = %ip, "TLS handshake abandoned: all {} handshake slots were taken and this address held the most", accept::MAX_TLS_HANDSHAKES);
                         }
                         slot
                     }
                     Err(refused) => {
-                        tracing::warn!(target: "audit", who = %addr, "TLS handshake refused: {refused}");
+                        if crate::ratelimit::audit_allowed(&addr.ip().to_string()) {
+                            tracing::warn!(target: "audit", who = %addr, "TLS handshake refused: {refused}");
+                        }
                         return;
                     }
                 };
@@ -360,15 +369,18 @@ pub fn tls_incoming(
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     let mut slot = slot;
+                    let state = std::sync::Arc::clone(&conn_slot.state);
                     let stream = tokio::select! {
                         stream = handshake_with(&acceptor, tcp, addr) => stream,
                         _ = &mut slot.abandoned => None,
+                        // Its connection slot was taken by a newer one.
+                        _ = state.until_closed() => None,
                     };
                     let Some(stream) = stream else {
                         return;
                     };
                     drop(slot);
-                    let _ = tx.send(Ok(TlsConn::new(stream, addr, permit))).await;
+                    let _ = tx.send(Ok(TlsConn::new(stream, addr, conn_slot))).await;
                 });
             },
         )

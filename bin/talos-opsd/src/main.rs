@@ -36,6 +36,12 @@ struct Args {
     /// left as it is.
     #[arg(long)]
     recover_journal: bool,
+    /// Take a configuration file with no setting at all, and a reload
+    /// (SIGHUP) that configures no cluster while some run, as meant;
+    /// without it both are refused (an emptied file is a mistake more
+    /// often than not).
+    #[arg(long, global = true)]
+    allow_empty: bool,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -59,15 +65,20 @@ fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("TALOS_OPSD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal: never in a file or the
+    // journal (systemd), where they would be escape codes in every line.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_ansi(ansi);
     match args.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder
+            .with_writer(talos_opsd::logline::OneLine::new(ansi))
+            .init(),
+        LogFormat::Json => builder.with_writer(std::io::stderr).json().init(),
     }
     let result = match args.command {
-        Some(Command::CheckConfig) => Config::load(&args.config)
+        Some(Command::CheckConfig) => Config::load(&args.config, args.allow_empty)
             .map_err(anyhow::Error::from)
             .and_then(|(config, clusters)| {
                 // The TCP files as the daemon loads them: a key that does
@@ -95,6 +106,7 @@ fn main() -> std::process::ExitCode {
                         metrics_addr: args.metrics_addr,
                         state_dir: args.state_dir,
                         recover_journal: args.recover_journal,
+                        allow_empty: args.allow_empty,
                     },
                 ))
             }),

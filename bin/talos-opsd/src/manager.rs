@@ -7,22 +7,19 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use talos_client::Client;
 use talos_client::ops::{
-    ClusterLockPolicy, ClusterLockRecord, Event, OpRecord, OpSpec, OpState, Ops, OpsError, Plan,
-    Refusal, StopHandle, Unsaved,
+    ClusterLockPolicy, ClusterLockRecord, OpRecord, OpSpec, Ops, OpsError, Plan, StopHandle,
 };
-use talos_opsd_api::{event_to_proto, state_name};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
 use crate::catalogue::Catalogue;
 use crate::config::ResolvedCluster;
 use crate::metrics::Metrics;
 use crate::proto;
-use crate::proto::operation_event::Event as Ev;
+use crate::work::Job;
 
 /// An operation running in this process.
 pub struct Running {
@@ -39,9 +36,14 @@ pub struct Manager {
     /// Where the journal, locks and snapshots live.
     pub state_dir: PathBuf,
     clusters: Mutex<HashMap<String, ResolvedCluster>>,
-    running: Mutex<HashMap<String, Arc<Running>>>,
-    idle: tokio::sync::Notify,
-    stopping: AtomicBool,
+    pub(crate) running: Mutex<HashMap<String, Arc<Running>>>,
+    /// Whether new work is refused, and the work being set up (planned,
+    /// not yet journaled) that shutdown must park or wait for.
+    pub(crate) work: Mutex<crate::work::Work>,
+    /// Becomes `true` when shutdown begins: a plan in progress for a start
+    /// is dropped at once.
+    pub(crate) stop_signal: watch::Sender<bool>,
+    pub(crate) idle: tokio::sync::Notify,
     /// The metrics.
     pub metrics: Metrics,
     catalogue: Mutex<Catalogue>,
@@ -59,11 +61,34 @@ pub enum StartError {
     #[error(transparent)]
     Ops(#[from] OpsError),
     /// No such cluster in the configuration.
-    #[error("no cluster {0:?} is configured")]
+    #[error("no cluster {} is configured", talos_client::text::quoted(.0))]
     UnknownCluster(String),
     /// The daemon is shutting down.
-    #[error("the daemon is shutting down")]
+    #[error("the daemon is shutting down: it takes no new work")]
     ShuttingDown,
+    /// The operation's record changed since the resume plan the caller
+    /// confirmed.
+    #[error(
+        "operation {id} changed since its resume was planned (fingerprint {confirmed}, now {now}): plan the resume again"
+    )]
+    RecordChanged {
+        /// The operation.
+        id: String,
+        /// The fingerprint confirmed.
+        confirmed: String,
+        /// The fingerprint of the record now.
+        now: String,
+    },
+    /// The operation ran against a cluster no configured cluster is.
+    #[error(
+        "operation {id} ran against talosconfig context {context:?}, which is no configured cluster's: configure it, or use talosctl-rs ops --local"
+    )]
+    NotConfigured {
+        /// The operation.
+        id: String,
+        /// Its context.
+        context: String,
+    },
     /// An earlier operation's end could not be journaled, and the journal
     /// still refuses writes.
     #[error(
@@ -92,8 +117,9 @@ impl Manager {
             state_dir,
             clusters: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
+            work: Mutex::new(crate::work::Work::default()),
+            stop_signal: watch::channel(false).0,
             idle: tokio::sync::Notify::new(),
-            stopping: AtomicBool::new(false),
             metrics,
             catalogue: Mutex::new(catalogue),
             unsettled: Mutex::new(HashMap::new()),
@@ -146,6 +172,10 @@ impl Manager {
             .map(|c| c.config.name)
     }
 
+    pub(crate) fn work(&self) -> std::sync::MutexGuard<'_, crate::work::Work> {
+        self.work.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The catalogue.
     pub fn catalogue(&self) -> std::sync::MutexGuard<'_, Catalogue> {
         self.catalogue
@@ -164,7 +194,7 @@ impl Manager {
 
     /// Whether shutdown has begun.
     pub fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
+        self.work().stopping
     }
 
     /// The journal (a fresh connection: cheap, and safe across threads).
@@ -172,7 +202,7 @@ impl Manager {
         talos_client::ops::Journal::open(&self.state_dir)
     }
 
-    fn open(&self, cluster: &ResolvedCluster) -> Result<Ops, OpsError> {
+    pub(crate) fn open(&self, cluster: &ResolvedCluster) -> Result<Ops, OpsError> {
         let client = Client::from_context(&cluster.context)?;
         let mut ops = Ops::open(&cluster.context, client, &self.state_dir)?;
         let keep = cluster.config.snapshots.as_ref().map_or(0, |s| s.keep);
@@ -182,7 +212,7 @@ impl Manager {
 
     /// The cluster to plan, start or resume on, once every earlier
     /// operation on it is recorded as ended.
-    fn resolve(&self, cluster: &str) -> Result<ResolvedCluster, StartError> {
+    pub(crate) fn resolve(&self, cluster: &str) -> Result<ResolvedCluster, StartError> {
         if self.is_stopping() {
             return Err(StartError::ShuttingDown);
         }
@@ -194,17 +224,15 @@ impl Manager {
     }
 
     /// Plans `spec` on `cluster` and changes nothing: refused as a start
-    /// would be (another operation holding the cluster included). The lock
-    /// is let go at once; a start plans again and compares fingerprints.
+    /// would be (another operation holding the cluster included), without
+    /// taking the cluster's lock: plans are read-only, any number run at
+    /// once, and one against a cluster that does not answer holds nothing
+    /// while it waits. The lock belongs to a start, which plans again under
+    /// it and compares fingerprints.
     pub async fn plan(&self, cluster: &str, spec: &OpSpec) -> Result<Plan, StartError> {
         let resolved = self.resolve(cluster)?;
         let spec = configured(&resolved, spec.clone());
-        // A plan only shown takes no cluster lock: a start takes it.
-        let mut ops = self.open(&resolved)?;
-        ops.set_cluster_lock_policy(ClusterLockPolicy::PlanOnly);
-        let mut plan = ops.plan(&spec).await?;
-        plan.release();
-        Ok(plan)
+        Ok(self.open(&resolved)?.preview(&spec).await?)
     }
 
     /// The snapshot directory of `cluster`.
@@ -215,112 +243,6 @@ impl Manager {
             .as_ref()
             .and_then(|s| s.dir.clone())
             .unwrap_or_else(|| self.state_dir.join("snapshots").join(&cluster.config.name))
-    }
-
-    /// Where `cluster`'s backups are stored as object sets, and how it is
-    /// reached: its `store`, or its snapshot directory when snapshots are
-    /// encrypted there; `None` for plain snapshot files (catalogued in the
-    /// journal instead).
-    pub fn backup_store(
-        &self,
-        cluster: &ResolvedCluster,
-    ) -> Option<(String, talos_client::ops::S3Access)> {
-        let snapshots = cluster.config.snapshots.as_ref()?;
-        match &snapshots.store {
-            Some(store) => Some((store.clone(), snapshots.access())),
-            None if !snapshots.encrypt.is_empty() => Some((
-                self.snapshot_dir(cluster).display().to_string(),
-                talos_client::ops::S3Access::default(),
-            )),
-            None => None,
-        }
-    }
-
-    /// The backups in the stores of the configured clusters (or of
-    /// `only`), listed live from each store, that cluster's only; and the
-    /// stores that could not be listed, each within a bound so one
-    /// unreachable store does not hold up the answer.
-    pub async fn stored_backups(
-        &self,
-        only: Option<&str>,
-    ) -> (Vec<proto::Snapshot>, Vec<proto::StoreListError>) {
-        const LIST_BOUND: std::time::Duration = std::time::Duration::from_secs(20);
-        let mut snapshots = Vec::new();
-        let mut errors = Vec::new();
-        let clusters = match only.and_then(|name| self.cluster(name)) {
-            Some(one) => vec![one],
-            None if only.is_some() => Vec::new(),
-            None => self.clusters(),
-        };
-        for cluster in clusters {
-            let Some((name, access)) = self.backup_store(&cluster) else {
-                continue;
-            };
-            let error = |message: String| proto::StoreListError {
-                cluster: cluster.config.name.clone(),
-                store: name.clone(),
-                message,
-            };
-            let listed = async {
-                let addressing = access
-                    .addressing()
-                    .parse::<talos_client::backup::Addressing>()
-                    .map_err(|e| e.to_string())?;
-                let store = talos_client::backup::open_store_with(
-                    &name,
-                    addressing,
-                    access.region.as_deref(),
-                    access.endpoint.as_deref(),
-                )
-                .map_err(|e| e.to_string())?;
-                talos_client::backup::catalogue(&[store.as_ref()])
-                    .await
-                    .map_err(|e| e.to_string())
-            };
-            let entries = match tokio::time::timeout(LIST_BOUND, listed).await {
-                Ok(Ok(entries)) => entries,
-                Ok(Err(e)) => {
-                    errors.push(error(e));
-                    continue;
-                }
-                Err(_) => {
-                    errors.push(error(format!(
-                        "not listed within {} s",
-                        LIST_BOUND.as_secs()
-                    )));
-                    continue;
-                }
-            };
-            for entry in entries {
-                let meta = &entry.metadata;
-                if meta.cluster != cluster.context.name {
-                    continue;
-                }
-                let recipients = match &meta.object.encryption {
-                    talos_client::backup::Encryption::Age { recipients } => recipients.len(),
-                    _ => 0,
-                };
-                snapshots.push(proto::Snapshot {
-                    cluster: cluster.config.name.clone(),
-                    operation_id: String::new(),
-                    node: meta.node.clone(),
-                    taken: meta
-                        .time
-                        .format(&time::format_description::well_known::Rfc3339)
-                        .unwrap_or_default(),
-                    revision: meta.snapshot.status.revision,
-                    sha256: meta.snapshot.sha256.clone(),
-                    size: meta.snapshot.size,
-                    path: String::new(),
-                    store: name.clone(),
-                    key: meta.object.key.clone(),
-                    recipients: u32::try_from(recipients).unwrap_or(u32::MAX),
-                    kit: meta.kit.is_some(),
-                    complete: entry.complete,
-                });
-            }
-        }
-        (snapshots, errors)
     }
 
     /// Plans and starts `spec` on `cluster`; returns once it is journaled,
@@ -364,233 +286,6 @@ impl Manager {
         let resolved = self.resolve(cluster)?;
         Ok(self.open(&resolved)?.mark_needs_attention(id)?)
     }
-
-    /// Runs the job as a task; answers with the operation id and the
-    /// plan's notes once it is journaled, or with the refusal (preflight,
-    /// busy, interrupted, a changed plan) that came first.
-    async fn spawn(
-        self: &Arc<Self>,
-        cluster: ResolvedCluster,
-        job: Job,
-    ) -> Result<(String, Vec<String>), StartError> {
-        let (started_tx, started_rx) =
-            oneshot::channel::<Result<(String, Vec<String>), OpsError>>();
-        let stop = StopHandle::new();
-        let (events, _) = watch::channel(Vec::new());
-        let running = Arc::new(Running {
-            cluster: cluster.config.name.clone(),
-            stop: stop.clone(),
-            events,
-        });
-        let manager = Arc::clone(self);
-        tokio::spawn(async move {
-            let started_tx = Mutex::new(Some(started_tx));
-            let refuse = |e: OpsError| {
-                if let Some(tx) = started_tx
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take()
-                {
-                    let _ = tx.send(Err(e));
-                }
-            };
-            let mut ops = match manager.open(&cluster) {
-                Ok(ops) => ops,
-                Err(e) => return refuse(e),
-            };
-            ops.set_stop(stop);
-            let job = match job {
-                Job::Run(spec, confirmed, policy) => {
-                    ops.set_cluster_lock_policy(policy);
-                    match plan_matching(&ops, &spec, confirmed).await {
-                        Ok(plan) => Planned::Run(Box::new(plan)),
-                        Err(e) => return refuse(e),
-                    }
-                }
-                Job::Resume(id) => Planned::Resume(id),
-            };
-            let notes = match &job {
-                Planned::Run(plan) => plan.notes.clone(),
-                Planned::Resume(_) => Vec::new(),
-            };
-            let mut id = None::<String>;
-            let mut observe = |event: Event<'_>| {
-                #[cfg(feature = "test-hooks")]
-                crate::test_hooks::observe(&event, &manager.state_dir);
-                if let Event::Started { id: started } = event {
-                    id = Some(started.to_string());
-                    manager
-                        .running
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(started.to_string(), Arc::clone(&running));
-                    if let Some(tx) = started_tx
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .take()
-                    {
-                        let _ = tx.send(Ok((started.to_string(), notes.clone())));
-                    }
-                }
-                if let Some(mut event) = event_to_proto(&event) {
-                    event.operation_id = id.clone().unwrap_or_default();
-                    running.events.send_modify(|all| all.push(event));
-                }
-            };
-            let result = match job {
-                Planned::Run(plan) => ops.run(*plan, &mut observe).await,
-                Planned::Resume(ref op) => ops.resume(op, &mut observe).await,
-            };
-            let Some(id) = id else {
-                if let Err(e) = result {
-                    refuse(e);
-                }
-                return;
-            };
-            let unsaved = ops.journal().unsaved(&id);
-            manager.finish(&cluster, &id, &running, result, unsaved);
-        });
-        match started_rx.await {
-            Ok(result) => Ok(result?),
-            Err(_) => Err(StartError::Ops(OpsError::StepFailed {
-                step: "start".into(),
-                reason: "the operation's task ended before it was journaled".into(),
-            })),
-        }
-    }
-
-    /// After a run: the final event, metrics, catalogue and retention.
-    fn finish(
-        &self,
-        cluster: &ResolvedCluster,
-        id: &str,
-        running: &Running,
-        result: Result<OpRecord, OpsError>,
-        unsaved: Option<Unsaved>,
-    ) {
-        let name = &cluster.config.name;
-        let mut record = self.journal().and_then(|j| j.get(id));
-        if let (Err(error @ OpsError::Journal { .. }), Ok(durable)) = (&result, &record)
-            && durable.state == OpState::Running
-        {
-            record = Ok(self.settle_failed(cluster, durable, &error.to_string(), unsaved));
-        }
-        let (state, error) = match (&result, &record) {
-            (Ok(r), _) => (state_name(r.state), String::new()),
-            (Err(e), Ok(r)) => (state_name(r.state), e.to_string()),
-            (Err(e), Err(_)) => ("failed".to_string(), e.to_string()),
-        };
-        let parked = matches!(result, Err(OpsError::Parked { .. }));
-        let result_label = if parked { "parked" } else { state.as_str() };
-        if let Ok(record) = &record {
-            crate::history::record(&self.metrics, name, record, result_label);
-            if record.kind == talos_client::ops::OpKind::Snapshot.name() {
-                self.after_snapshot(cluster, record, result.is_ok());
-            }
-        }
-        tracing::info!(target: "audit", op = %id, cluster = %name, result = %result_label, error = %error, "operation ended");
-        running.events.send_modify(|all| {
-            all.push(proto::OperationEvent {
-                operation_id: id.to_string(),
-                event: Some(Ev::Finished(proto::Finished { state, error })),
-            })
-        });
-        let mut map = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        map.remove(id);
-        if map.is_empty() {
-            self.idle.notify_waiters();
-        }
-    }
-
-    /// A snapshot operation ended: its snapshot catalogued and, when it
-    /// succeeded, retention by age.
-    fn after_snapshot(&self, cluster: &ResolvedCluster, record: &OpRecord, ok: bool) {
-        let name = &cluster.config.name;
-        if !ok {
-            // A verified snapshot the journal names (the operation failed
-            // after it, at retention say) is catalogued all the same.
-            self.catalogue_snapshot(name, record);
-            return;
-        }
-        let Some((path, _)) = self.catalogue_snapshot(name, record) else {
-            return;
-        };
-        let catalogue = self.catalogue();
-        if let Err(e) = catalogue.prune_missing(name) {
-            tracing::error!(cluster = %name, "{e}");
-        }
-        if let Some(max_age) = cluster.config.snapshots.as_ref().and_then(|s| s.max_age) {
-            let Some(cutoff) = retention_cutoff(time::OffsetDateTime::now_utc(), max_age.0) else {
-                tracing::warn!(cluster = %name, "max_age reaches before any date: nothing expires");
-                return;
-            };
-            let held = self
-                .journal()
-                .and_then(|j| talos_client::ops::held_snapshots(&j, &fingerprint_of(cluster)));
-            let held = match held {
-                Ok(held) => held,
-                Err(e) => {
-                    tracing::error!(cluster = %name, "nothing expires: reading the journal: {e}");
-                    return;
-                }
-            };
-            match crate::catalogue::expire(&catalogue, name, &cutoff, &path, &held) {
-                Ok(removed) if !removed.is_empty() => {
-                    tracing::info!(cluster = %name, removed = removed.len(), "expired snapshots removed")
-                }
-                Ok(_) => {}
-                Err(e) => tracing::error!(cluster = %name, "expiring snapshots: {e}"),
-            }
-        }
-    }
-
-    /// Catalogues the verified snapshot `record`'s facts name, if any;
-    /// returns its path and metadata.
-    pub(crate) fn catalogue_snapshot(
-        &self,
-        name: &str,
-        record: &OpRecord,
-    ) -> Option<(PathBuf, talos_client::snapshot::SnapshotMetadata)> {
-        if record.kind != talos_client::ops::OpKind::Snapshot.name() {
-            return None;
-        }
-        let path = record.facts["snapshot"].as_str().map(PathBuf::from)?;
-        let sidecar = PathBuf::from(format!("{}.json", path.display()));
-        let meta = std::fs::read(&sidecar).ok().and_then(|b| {
-            serde_json::from_slice::<talos_client::snapshot::SnapshotMetadata>(&b).ok()
-        });
-        let Some(meta) = meta else {
-            tracing::warn!(cluster = %name, path = %path.display(), "snapshot sidecar unreadable: not catalogued");
-            return None;
-        };
-        if let Err(e) = self.catalogue().add(name, &record.id, &path, &meta) {
-            tracing::error!(cluster = %name, "{e}");
-        }
-        Some((path, meta))
-    }
-
-    /// Stops taking work and parks every running operation at its next
-    /// step boundary; returns once none runs.
-    pub async fn shutdown(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        loop {
-            let idle = self.idle.notified();
-            let running: Vec<_> = self
-                .running
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .values()
-                .cloned()
-                .collect();
-            if running.is_empty() {
-                return;
-            }
-            for op in &running {
-                op.stop.park();
-            }
-            idle.await;
-        }
-    }
 }
 
 /// A snapshot that names no place (and no encryption or tiers) goes where
@@ -620,34 +315,6 @@ pub fn retention_cutoff(now: time::OffsetDateTime, max_age: std::time::Duration)
     now.checked_sub(time::Duration::try_from(max_age).ok()?)?
         .format(&time::format_description::well_known::Rfc3339)
         .ok()
-}
-
-enum Job {
-    Run(Box<OpSpec>, Option<String>, ClusterLockPolicy),
-    Resume(String),
-}
-
-/// Plans `spec`; with `confirmed`, refuses a plan whose fingerprint differs
-/// (the cluster changed since the caller's plan).
-async fn plan_matching(
-    ops: &Ops,
-    spec: &OpSpec,
-    confirmed: Option<String>,
-) -> Result<Plan, OpsError> {
-    let plan = ops.plan(spec).await?;
-    match confirmed {
-        Some(confirmed) if confirmed != plan.fingerprint => Err(Refusal::PlanChanged {
-            confirmed,
-            now: plan.fingerprint,
-        }
-        .into()),
-        _ => Ok(plan),
-    }
-}
-
-enum Planned {
-    Run(Box<Plan>),
-    Resume(String),
 }
 
 /// sha256 of a cluster's CA (hex), as the journal names clusters.
@@ -690,6 +357,7 @@ mod tests {
             let _catalogue = m.catalogue();
             let _clusters = m.clusters.lock().unwrap();
             let _running = m.running.lock().unwrap();
+            let _work = m.work.lock().unwrap();
             panic!("poison the locks");
         })
         .join();
@@ -697,6 +365,7 @@ mod tests {
         assert!(manager.catalogue.is_poisoned());
         assert!(manager.clusters().is_empty());
         assert!(manager.running("x").is_none());
+        assert!(!manager.is_stopping());
         assert!(manager.catalogue().list(None).is_ok());
     }
 }

@@ -391,45 +391,60 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics) {
     let listener = std::sync::Arc::new(listener);
     let accept = || {
         let listener = std::sync::Arc::clone(&listener);
-        async move { listener.accept().await }
+        async move {
+            let (conn, addr) = listener.accept().await?;
+            Ok((conn, addr.ip().to_string()))
+        }
     };
     crate::accept::run(
         "metrics",
-        crate::accept::MAX_METRICS_CONNECTIONS,
+        crate::slots::Slots::new("metrics", crate::accept::MAX_METRICS_CONNECTIONS),
         accept,
-        |(conn, _), permit| {
+        |conn, slot| {
             let metrics = metrics.clone();
             tokio::spawn(async move {
-                let _permit = permit;
-                let mut conn = conn;
-                let mut buf = vec![0u8; 4096];
-                let mut len = 0;
-                let read = tokio::time::timeout(Duration::from_secs(5), async {
-                    while len < buf.len() {
-                        let n = conn.read(&mut buf[len..]).await?;
-                        if n == 0 {
-                            break;
-                        }
-                        len += n;
-                        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                            break;
-                        }
-                    }
-                    Ok::<_, std::io::Error>(())
-                })
-                .await;
-                if !matches!(read, Ok(Ok(()))) {
-                    return;
+                let state = std::sync::Arc::clone(&slot.state);
+                tokio::select! {
+                    () = answer(conn, &slot, &metrics) => {}
+                    // Its slot was taken by a newer connection while it
+                    // had not sent its request yet.
+                    () = state.until_closed() => {}
                 }
-                let request = String::from_utf8_lossy(&buf[..len]);
-                let (head, body) = respond(&request, &metrics);
-                let _ = conn.write_all(head.as_bytes()).await;
-                let _ = conn.write_all(body.as_bytes()).await;
-                let _ = conn.shutdown().await;
             });
         },
     )
     .await;
+}
+
+/// Reads one request (its head within [`crate::accept::HEADER_TIMEOUT`])
+/// and answers it.
+async fn answer(mut conn: tokio::net::TcpStream, slot: &crate::slots::Slot, metrics: &Metrics) {
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    let read = tokio::time::timeout(crate::accept::HEADER_TIMEOUT, async {
+        while len < buf.len() {
+            let n = conn.read(&mut buf[len..]).await?;
+            if n == 0 {
+                break;
+            }
+            len += n;
+            if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+    if !matches!(read, Ok(Ok(()))) {
+        return;
+    }
+    slot.state.begin();
+    let request = String::from_utf8_lossy(&buf[..len]);
+    let (head, body) = respond(&request, metrics);
+    let _ = conn.write_all(head.as_bytes()).await;
+    let _ = conn.write_all(body.as_bytes()).await;
+    let _ = conn.shutdown().await;
+    slot.state.end();
 }
 
 /// The response to `request`: its head, and its body (empty for `HEAD`,

@@ -99,6 +99,11 @@ pub async fn recover(manager: &Arc<Manager>, within: Duration) {
 /// daemon starts with a new one; a sound journal is left alone.
 pub fn recover_journal(state_dir: &std::path::Path) -> anyhow::Result<()> {
     use talos_client::ops::{Journal, OpsError};
+    // What can be put right in place first (the history kept); a journal
+    // that cannot even be read for that is for the check below.
+    if let Ok(Some(done)) = Journal::repair(state_dir) {
+        tracing::warn!(target: "audit", who = "talos-opsd", state_dir = %state_dir.display(), "--recover-journal: the journal was repaired in place: {done}");
+    }
     let path = match Journal::open(state_dir).and_then(|j| j.check()) {
         Ok(()) => {
             tracing::info!(state_dir = %state_dir.display(), "--recover-journal: the journal is sound; nothing to recover");

@@ -73,15 +73,19 @@ fn every<C, F, Fut>(
     let manager = Arc::clone(manager);
     let generation = Arc::clone(generation);
     tokio::spawn(async move {
-        let mut next = later(tokio::time::Instant::now(), cadence.until_next());
+        let Some(first) = cadence.until_next() else {
+            return no_next_firing(&cadence);
+        };
+        let mut next = later(tokio::time::Instant::now(), first);
         loop {
             let delay = jitter.map_or(Duration::ZERO, random_below);
             tokio::time::sleep_until(later(next, delay)).await;
             let now = tokio::time::Instant::now();
-            next = match cadence.interval() {
+            next = match (cadence.interval(), cadence.until_next()) {
                 // A steady cadence; a tick that overran is not repeated.
-                Some(interval) => later(next, interval.0).max(now),
-                None => later(now, cadence.until_next()),
+                (Some(interval), _) => later(next, interval.0).max(now),
+                (None, Some(until)) => later(now, until),
+                (None, None) => return no_next_firing(&cadence),
             };
             if manager.is_stopping() || generation.load(Ordering::SeqCst) != mine {
                 return;
@@ -89,6 +93,15 @@ fn every<C, F, Fut>(
             task(Arc::clone(&manager)).await;
         }
     });
+}
+
+/// A schedule with no next time ends, saying so: it never runs at some
+/// pace of its own.
+fn no_next_firing(cadence: &impl Cadence) {
+    let cron = cadence.cron().map(|c| c.text.as_str()).unwrap_or_default();
+    tracing::error!(
+        "schedule {cron:?} has no next time to run: it stops until the configuration is reloaded"
+    );
 }
 
 /// A random duration in `[0, bound)`.

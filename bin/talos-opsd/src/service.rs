@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use futures::Stream;
 use talos_client::ops::{OpRecord, OpSpec, OpsError, StepState};
+use talos_client::text::escaped;
 use talos_opsd_api::{plan_to_proto, record_to_proto, spec_from_proto, state_name, step_events};
 use tonic::{Request, Response, Status};
 
+use crate::accept::Conn;
 use crate::input;
 use crate::listen::TlsPeer;
 use crate::manager::{self, Manager, StartError};
@@ -41,9 +43,9 @@ impl Service {
 
 /// Who sent a request, for the audit log.
 pub fn who<T>(request: &Request<T>) -> String {
-    if let Some(info) = request
+    if let Some(Conn { peer: info, .. }) = request
         .extensions()
-        .get::<tonic::transport::server::UdsConnectInfo>()
+        .get::<Conn<tonic::transport::server::UdsConnectInfo>>()
     {
         return match &info.peer_cred {
             Some(cred) => format!(
@@ -54,8 +56,12 @@ pub fn who<T>(request: &Request<T>) -> String {
             None => "unix socket peer (no credentials)".into(),
         };
     }
-    if let Some(peer) = request.extensions().get::<TlsPeer>() {
-        return format!("cert subject {:?} from {}", peer.subject, peer.addr);
+    if let Some(Conn { peer, .. }) = request.extensions().get::<Conn<TlsPeer>>() {
+        return format!(
+            "cert subject {} from {}",
+            quoted_path(&peer.subject),
+            peer.addr
+        );
     }
     "unknown".into()
 }
@@ -68,12 +74,44 @@ fn audit<T>(who: &str, what: &str, result: &Result<T, Status>) {
             who,
             what,
             result = ?status.code(),
-            reason = %input::truncated(status.message(), 1024)
+            reason = %escaped(status.message(), 1024)
         ),
     }
 }
 
-/// The gRPC status of an operations-layer error.
+/// Whether `e` says the storage failed (full, out of quota, failing or
+/// read-only), not the input.
+pub fn storage_failed(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EIO | libc::EROFS)
+    )
+}
+
+/// Whether a journal error is its storage's (full, failing, read-only,
+/// not openable, held by another process): the daemon cannot serve, the
+/// input is not at fault.
+fn journal_storage_failed(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode as C;
+    matches!(
+        e.sqlite_error_code(),
+        Some(
+            C::DiskFull
+                | C::SystemIoFailure
+                | C::ReadOnly
+                | C::CannotOpen
+                | C::DatabaseBusy
+                | C::DatabaseLocked
+                | C::PermissionDenied
+                | C::NoLargeFileSupport
+        )
+    )
+}
+
+/// The gRPC status of an operations-layer error: the daemon's own storage
+/// failing (a full disk, an I/O error, a read-only file system, a journal
+/// that cannot be written) is `UNAVAILABLE` with the path named; a path
+/// the caller gave that cannot be used is `INVALID_ARGUMENT`.
 pub fn status_of(error: OpsError) -> Status {
     let message = error.to_string();
     match error {
@@ -85,9 +123,33 @@ pub fn status_of(error: OpsError) -> Status {
         OpsError::Busy { .. } => Status::aborted(message),
         OpsError::UnknownOperation(_) => Status::not_found(message),
         OpsError::AmbiguousOperation(_) => Status::invalid_argument(message),
+        OpsError::Io { ref source, .. } if storage_failed(source) => Status::unavailable(message),
         OpsError::Io { .. } => Status::invalid_argument(message),
+        OpsError::Snapshot(talos_client::snapshot::SnapshotError::Io { ref source, .. })
+            if storage_failed(source) =>
+        {
+            Status::unavailable(message)
+        }
+        OpsError::Journal { ref source, .. } if journal_storage_failed(source) => {
+            Status::unavailable(message)
+        }
+        OpsError::CorruptJournal { .. } | OpsError::LaterFormat { .. } => {
+            Status::unavailable(message)
+        }
         OpsError::Client(_) => Status::unavailable(message),
         _ => Status::internal(message),
+    }
+}
+
+/// As [`status_of`], for an error about `state_dir` (the daemon's own
+/// files: its locks, its journal): a file there that cannot be used is
+/// never the caller's fault, so `UNAVAILABLE`, not `INVALID_ARGUMENT`.
+fn status_in(state_dir: &std::path::Path, error: OpsError) -> Status {
+    match &error {
+        OpsError::Io { path, .. } if path.starts_with(state_dir) => {
+            Status::unavailable(error.to_string())
+        }
+        _ => status_of(error),
     }
 }
 
@@ -110,14 +172,17 @@ pub fn check_id(id: &str) -> Result<(), Status> {
 /// The longest operation id (or leading part of one) accepted.
 pub const MAX_ID_LEN: usize = 64;
 
-/// `text` quoted and escaped for a log line or an error, cut to its first
-/// 64 characters (with its length in bytes when cut).
-pub fn quoted(text: &str) -> String {
-    const KEEP: usize = 64;
-    match text.char_indices().nth(KEEP) {
-        None => format!("{text:?}"),
-        Some((cut, _)) => format!("{:?}... ({} bytes)", &text[..cut], text.len()),
-    }
+/// `text` quoted and escaped for a log line or an error, cut after its
+/// first 64 characters (with its length in bytes when cut): the one
+/// escaping function, the library's ([`talos_client::text`]).
+pub use talos_client::text::quoted;
+
+/// A path (or a certificate's subject) quoted, escaped and cut as
+/// [`quoted`], at the bound of a path.
+fn quoted_path(text: &str) -> String {
+    let mut out = String::new();
+    let _ = talos_client::text::escape_into(&mut out, text, talos_client::text::PATH_BOUND, true);
+    out
 }
 
 /// The operation `id` names: exactly, or by a unique leading part compared
@@ -149,12 +214,15 @@ fn check_state(state: &str) -> Result<(), Status> {
     )))
 }
 
-fn status_of_start(error: StartError) -> Status {
+fn status_of_start(state_dir: &std::path::Path, error: StartError) -> Status {
     match error {
-        StartError::Ops(e) => status_of(e),
+        StartError::Ops(e) => status_in(state_dir, e),
         e @ StartError::UnknownCluster(_) => Status::not_found(e.to_string()),
         e @ (StartError::ShuttingDown | StartError::JournalUnwritable { .. }) => {
             Status::unavailable(e.to_string())
+        }
+        e @ (StartError::RecordChanged { .. } | StartError::NotConfigured { .. }) => {
+            Status::failed_precondition(e.to_string())
         }
     }
 }
@@ -167,13 +235,14 @@ fn spec_of(request: &proto::StartOperationRequest) -> Result<(OpSpec, String), S
         .kind
         .clone()
         .ok_or_else(|| Status::invalid_argument("no operation kind given"))?;
+    input::check_lists(&kind)?;
     let spec = spec_from_proto(kind);
     let params = serde_json::to_value(&spec).unwrap_or_default();
     input::check_fields(&params)?;
     let what = format!(
         "{} {} on cluster {}",
         spec.kind(),
-        input::truncated(&params.to_string(), 1024),
+        input::described(&params),
         quoted(&request.cluster)
     );
     Ok((spec, what))
@@ -197,7 +266,7 @@ impl proto::opsd_server::Opsd for Service {
                 .manager
                 .plan(&request.cluster, &spec)
                 .await
-                .map_err(status_of_start)?;
+                .map_err(|e| status_of_start(&self.manager.state_dir, e))?;
             Ok(Response::new(plan_to_proto(&plan)))
         }
         .await;
@@ -228,7 +297,7 @@ impl proto::opsd_server::Opsd for Service {
                     request.without_cluster_lock,
                 )
                 .await
-                .map_err(status_of_start)?;
+                .map_err(|e| status_of_start(&self.manager.state_dir, e))?;
             Ok(Response::new(self.record(&record, notes)))
         }
         .await;
@@ -394,6 +463,72 @@ impl proto::opsd_server::Opsd for Service {
         audit(&who, &format!("cancel {}", quoted(&id)), &result);
         result.map_err(input::bounded)
     }
+
+    async fn plan_resume(
+        &self,
+        request: Request<proto::PlanResumeRequest>,
+    ) -> Result<Response<proto::ResumePlan>, Status> {
+        let who = who(&request);
+        let id = request.into_inner().id;
+        let result = check_id(&id).and_then(|()| {
+            self.manager
+                .plan_resume(&id)
+                .map(Response::new)
+                .map_err(|e| status_of_start(&self.manager.state_dir, e))
+        });
+        audit(&who, &format!("plan resume {}", quoted(&id)), &result);
+        result.map_err(input::bounded)
+    }
+
+    async fn resume_operation(
+        &self,
+        request: Request<proto::ResumeOperationRequest>,
+    ) -> Result<Response<proto::Operation>, Status> {
+        let who = who(&request);
+        let request = request.into_inner();
+        let result = async {
+            check_confirmed(&request.id, &request.plan_fingerprint)?;
+            let record = self
+                .manager
+                .resume_confirmed(&request.id, &request.plan_fingerprint)
+                .await
+                .map_err(|e| status_of_start(&self.manager.state_dir, e))?;
+            Ok(Response::new(self.record(&record, Vec::new())))
+        }
+        .await;
+        audit(&who, &format!("resume {}", quoted(&request.id)), &result);
+        result.map_err(input::bounded)
+    }
+
+    async fn abandon_operation(
+        &self,
+        request: Request<proto::AbandonOperationRequest>,
+    ) -> Result<Response<proto::Operation>, Status> {
+        let who = who(&request);
+        let request = request.into_inner();
+        let result = check_confirmed(&request.id, &request.plan_fingerprint).and_then(|()| {
+            let record = self
+                .manager
+                .abandon_confirmed(&request.id, &request.plan_fingerprint)
+                .map_err(|e| status_of_start(&self.manager.state_dir, e))?;
+            Ok(Response::new(self.record(&record, Vec::new())))
+        });
+        audit(&who, &format!("abandon {}", quoted(&request.id)), &result);
+        result.map_err(input::bounded)
+    }
+}
+
+/// Refuses a resume or abandon without a well-formed id and the
+/// fingerprint of the resume plan it confirms (`INVALID_ARGUMENT`).
+fn check_confirmed(id: &str, fingerprint: &str) -> Result<(), Status> {
+    check_id(id)?;
+    input::check_fingerprint(fingerprint)?;
+    if fingerprint.is_empty() {
+        return Err(Status::invalid_argument(
+            "no plan_fingerprint: a resume or an abandon is confirmed with the fingerprint PlanResume answered",
+        ));
+    }
+    Ok(())
 }
 
 impl Service {

@@ -1,7 +1,10 @@
 //! `talosctl-rs ops ...` through the talos-opsd daemon: when `--socket` (or
 //! `$TALOS_OPSD_SOCKET`) names a socket that answers and `--local` is not
-//! given, operations are started, listed, shown and watched through the
-//! daemon's API, with the same output and exit codes as in-process runs.
+//! given, operations are started, listed, shown, watched, resumed and
+//! abandoned through the daemon's API, with the same output and exit codes
+//! as in-process runs. A resume or an abandon is planned by the daemon
+//! (PlanResume), shown and confirmed as a start is, then sent with the
+//! plan's fingerprint.
 
 use std::path::Path;
 use std::time::Duration;
@@ -58,7 +61,7 @@ pub async fn dispatch(global: &Global, args: &OpsArgs) -> anyhow::Result<bool> {
         _ => Vec::new(),
     };
     let Some(spec) = args.command.spec(nodes) else {
-        journal_command(global, &mut client, &cluster, &args.command).await?;
+        journal_command(global, &mut client, &cluster, &args.command, args.yes).await?;
         return Ok(true);
     };
     let kind = spec_to_proto(&spec).map_err(|e| anyhow::anyhow!("{e}: pass --local"))?;
@@ -98,6 +101,7 @@ async fn journal_command(
     client: &mut OpsdClient<Channel>,
     cluster: &str,
     command: &OpsCommand,
+    yes: bool,
 ) -> anyhow::Result<()> {
     match command {
         OpsCommand::List => {
@@ -121,10 +125,63 @@ async fn journal_command(
             report(global, &record_from_proto(op)?)
         }
         OpsCommand::Watch { id } => follow(global, client, id).await,
-        _ => bail!(
-            "resume and abandon are not available through talos-opsd (the daemon resumes interrupted operations when it starts): pass --local"
-        ),
+        OpsCommand::Resume { id } => {
+            let (id, fingerprint) = plan_resume(client, id, yes, "resume").await?;
+            let resumed = client
+                .resume_operation(proto::ResumeOperationRequest {
+                    id,
+                    plan_fingerprint: fingerprint,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            follow(global, client, &resumed.id).await
+        }
+        OpsCommand::Abandon { id } => {
+            let (id, fingerprint) = plan_resume(client, id, yes, "abandon").await?;
+            let abandoned = client
+                .abandon_operation(proto::AbandonOperationRequest {
+                    id,
+                    plan_fingerprint: fingerprint,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            eprintln!("operation {} abandoned", abandoned.id);
+            report(global, &record_from_proto(abandoned)?)
+        }
+        _ => bail!("not a journal command"),
     }
+}
+
+/// What resuming operation `id` would do, from the daemon, shown as a plan
+/// is; confirmed (`what`: resume or abandon) as a start is. Returns the
+/// full id and the fingerprint to confirm with.
+async fn plan_resume(
+    client: &mut OpsdClient<Channel>,
+    id: &str,
+    yes: bool,
+    what: &str,
+) -> anyhow::Result<(String, String)> {
+    let plan = client
+        .plan_resume(proto::PlanResumeRequest { id: id.into() })
+        .await
+        .map_err(status)?
+        .into_inner();
+    let id = plan
+        .operation
+        .as_ref()
+        .map(|op| op.id.clone())
+        .unwrap_or_else(|| id.to_string());
+    let view = PlanView::from(plan);
+    show_plan(&view);
+    // An abandon changes no node, but ends the operation for good where
+    // it stands: it is confirmed as a destructive step is.
+    if (what == "abandon" || view.is_destructive()) && !yes {
+        eprintln!("{what} operation {id}:");
+        confirm()?;
+    }
+    Ok((id, view.fingerprint))
 }
 
 /// Prints the operation's steps as they happen, then its record; fails

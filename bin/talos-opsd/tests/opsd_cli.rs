@@ -6,25 +6,9 @@ mod daemon;
 
 use std::path::Path;
 
-use daemon::{Daemon, cluster_toml};
-use talos_test_support::cli::{Run, command};
+use daemon::{Daemon, cluster_toml, ops_cli as ops};
+use talos_test_support::cli::command;
 use talos_test_support::sim::SimCluster;
-
-async fn ops(tc: &Path, socket: &Path, args: &[&str]) -> Run {
-    let mut cmd = command(tc);
-    cmd.args(["-o", "json", "ops", "--without-cluster-lock"])
-        .env("TALOS_OPSD_SOCKET", socket)
-        .args(args);
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .unwrap()
-        .unwrap();
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
 
 #[tokio::test]
 async fn the_cli_runs_operations_through_the_daemon() {

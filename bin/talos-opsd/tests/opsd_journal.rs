@@ -12,7 +12,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use daemon::{Daemon, cluster_toml};
+use daemon::{Daemon, cluster_toml, run_to_exit};
 use talos_opsd::proto::operation_event::Event as Ev;
 use talos_opsd::proto::{self, start_operation_request::Kind};
 use talos_test_support::sim::{SimCluster, wait_for};
@@ -157,25 +157,6 @@ async fn a_journal_write_failure_is_recorded_and_a_later_start_proceeds() {
         .filter(|f| !f.ends_with(".orphan"))
         .count();
     assert_eq!(not_orphans, 2);
-}
-
-/// Runs `talos-opsd ARGS` until it exits by itself (within 60 s, else it
-/// is killed and the test fails); returns its exit status and stderr.
-async fn run_to_exit(args: &[&OsStr]) -> (std::process::ExitStatus, String) {
-    let err = tempfile::NamedTempFile::new().unwrap();
-    let mut child = std::process::Command::new(talos_test_support::cli::cargo_bin("talos-opsd"))
-        .args(args)
-        .env("TALOS_OPSD_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(err.reopen().unwrap())
-        .spawn()
-        .unwrap();
-    let status = wait_for("talos-opsd to exit", Duration::from_secs(60), || {
-        let status = child.try_wait().unwrap();
-        async move { status }
-    })
-    .await;
-    (status, std::fs::read_to_string(err.path()).unwrap())
 }
 
 #[tokio::test]

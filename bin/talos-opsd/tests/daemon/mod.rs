@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod tls;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -219,4 +221,110 @@ pub async fn scrape(port: u16) -> Option<String> {
     let mut answer = String::new();
     conn.read_to_string(&mut answer).await.ok()?;
     Some(answer)
+}
+
+/// Runs `talos-opsd ARGS` until it exits by itself (within 60 s, else it
+/// is killed and the test fails); returns its exit status and stderr.
+pub async fn run_to_exit(args: &[&std::ffi::OsStr]) -> (std::process::ExitStatus, String) {
+    let err = tempfile::NamedTempFile::new().unwrap();
+    let mut child = Command::new(cargo_bin("talos-opsd"))
+        .args(args)
+        .env("TALOS_OPSD_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(err.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let status = wait_for("talos-opsd to exit", Duration::from_secs(60), || {
+        let status = child.try_wait().unwrap();
+        async move { status }
+    })
+    .await;
+    (status, std::fs::read_to_string(err.path()).unwrap())
+}
+
+/// The resident memory of process `pid`, in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The daemon's process id.
+impl Daemon {
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Sends SIGHUP (reload) and waits until the log has one more line
+    /// containing `says` than before.
+    pub async fn reload_and_wait(&self, says: &str) -> String {
+        let before = self.log_text().matches(says).count();
+        // SAFETY: kill with a pid we own.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGHUP) };
+        let log = self.log.clone();
+        let says = says.to_string();
+        wait_for("the reload's log line", Duration::from_secs(30), || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let says = says.clone();
+            async move { (text.matches(says.as_str()).count() > before).then_some(text) }
+        })
+        .await
+    }
+}
+
+/// A copy of talosconfig `tc` at `out` whose contexts list `endpoint`
+/// first (before the cluster's own), or only, with `only`.
+pub fn talosconfig_with_endpoint(tc: &Path, out: &Path, endpoint: &str, only: bool) {
+    let mut config = talos_client::config::TalosConfig::read(tc).unwrap();
+    for context in config.contexts.values_mut() {
+        if only {
+            context.endpoints.clear();
+        }
+        context.endpoints.insert(0, endpoint.to_string());
+    }
+    std::fs::write(out, config.to_yaml()).unwrap();
+}
+
+/// The CA fingerprint the journal and locks name the cluster of
+/// talosconfig `tc` by.
+pub fn cluster_fingerprint(tc: &Path, state: &Path) -> String {
+    let config = talos_client::config::TalosConfig::read(tc).unwrap();
+    let context = config
+        .resolve(&talos_client::config::Overrides::default(), tc)
+        .unwrap();
+    let client = talos_client::Client::from_context(&context).unwrap();
+    talos_client::ops::Ops::open(&context, client, state)
+        .unwrap()
+        .fingerprint()
+        .to_string()
+}
+
+/// `talosctl-rs -o json ops ARGS` against talosconfig `tc`, through the
+/// daemon on `socket`.
+pub async fn ops_cli(tc: &Path, socket: &Path, args: &[&str]) -> talos_test_support::cli::Run {
+    let mut cmd = talos_test_support::cli::command(tc);
+    cmd.args(["-o", "json", "ops", "--without-cluster-lock"])
+        .env("TALOS_OPSD_SOCKET", socket)
+        .args(args);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    talos_test_support::cli::Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Waits (within 30 s) until `counter` reaches `count`.
+pub async fn wait_for_count(what: &str, counter: &std::sync::atomic::AtomicUsize, count: usize) {
+    wait_for(what, Duration::from_secs(30), || {
+        let now = counter.load(std::sync::atomic::Ordering::SeqCst);
+        async move { (now >= count).then_some(()) }
+    })
+    .await;
 }

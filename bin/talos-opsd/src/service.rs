@@ -392,7 +392,8 @@ impl proto::opsd_server::Opsd for Service {
             self.manager
                 .catalogue()
                 .list((!cluster.is_empty()).then_some(cluster.as_str()))
-                .map_err(|e| Status::internal(e.to_string()))
+                // The catalogue is the daemon's own journal database.
+                .map_err(|e| Status::unavailable(e.to_string()))
         })
         .map(|entries| {
             entries

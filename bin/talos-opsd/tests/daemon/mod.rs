@@ -226,16 +226,26 @@ pub async fn scrape(port: u16) -> Option<String> {
 /// Runs `talos-opsd ARGS` until it exits by itself (within 60 s, else it
 /// is killed and the test fails); returns its exit status and stderr.
 pub async fn run_to_exit(args: &[&std::ffi::OsStr]) -> (std::process::ExitStatus, String) {
+    /// Kills the process should the test fail while it runs.
+    struct Reaped(Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let err = tempfile::NamedTempFile::new().unwrap();
-    let mut child = Command::new(cargo_bin("talos-opsd"))
-        .args(args)
-        .env("TALOS_OPSD_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(err.reopen().unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = Reaped(
+        Command::new(cargo_bin("talos-opsd"))
+            .args(args)
+            .env("TALOS_OPSD_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(err.reopen().unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let status = wait_for("talos-opsd to exit", Duration::from_secs(60), || {
-        let status = child.try_wait().unwrap();
+        let status = child.0.try_wait().unwrap();
         async move { status }
     })
     .await;

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use talos_opsd::{accept, config, handshakes, input, recover, service};
+use talos_opsd::{accept, config, handshakes, input, ratelimit, recover, service};
 
 /// A duration as the manual writes it: `5s`, `10ms`, `10m`, `3650d`.
 fn short(d: Duration) -> String {
@@ -57,6 +57,30 @@ fn expected_table() -> String {
         (
             "connections on the metrics listener",
             accept::MAX_METRICS_CONNECTIONS.to_string(),
+        ),
+        (
+            "time from connecting to a request's head (the HTTP/2 preface; on the metrics listener the request line and headers)",
+            short(accept::HEADER_TIMEOUT),
+        ),
+        (
+            "time a connection may stay without a request in progress",
+            short(accept::IDLE_TIMEOUT),
+        ),
+        (
+            "a request message",
+            format!("{} MiB", accept::MAX_REQUEST_BYTES / (1024 * 1024)),
+        ),
+        (
+            "entries in a list of a request (nodes, labels to wipe, paths expected to change, certificate fingerprints)",
+            input::MAX_LIST_LEN.to_string(),
+        ),
+        (
+            "audit lines about one peer's connections",
+            format!(
+                "{} per {}",
+                ratelimit::LINES_PER_WINDOW,
+                short(ratelimit::WINDOW)
+            ),
         ),
         (
             "backoff after a failed accept",

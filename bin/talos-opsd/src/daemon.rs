@@ -49,6 +49,12 @@ pub fn state_dir(config: &Config, overrides: &Overrides) -> anyhow::Result<PathB
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()> {
+    // The signals are ours before anything can be reached: a SIGHUP sent
+    // as soon as the socket exists (a reload right after a start) would
+    // otherwise end the process, SIGHUP's default.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let (config, clusters) = Config::load(config_path, overrides.allow_empty)?;
     let state_dir = state_dir(&config, &overrides)?;
     let socket = overrides
@@ -134,9 +140,6 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
     });
     ready();
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
     loop {
         tokio::select! {
             _ = term.recv() => break,

@@ -41,8 +41,9 @@ pub enum ClusterLockPolicy {
     /// Take it where Kubernetes can be reached, else go on with the state
     /// directory's lock alone, journaled (`--without-cluster-lock`).
     AllowWithout,
-    /// Do not take it: a plan only shown, never run (a daemon's
-    /// PlanOperation); a run of such a plan takes it first.
+    /// Do not take it: a plan only shown, never run; a run of such a plan
+    /// takes it first. ([`Ops::preview`](super::Ops::preview) takes no
+    /// lock at all, whatever the policy.)
     PlanOnly,
 }
 

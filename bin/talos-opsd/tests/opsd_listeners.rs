@@ -107,6 +107,7 @@ async fn a_request_with_350000_labels_is_refused_without_growing_the_daemon() {
     let request = |labels: usize| proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Retire(proto::RetireParams {
             node: "cp-1".into(),
             wipe: vec!["STATE1".to_string(); labels],

@@ -18,6 +18,7 @@ fn on(cluster: &str, kind: Kind) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: cluster.into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(kind),
     }
 }

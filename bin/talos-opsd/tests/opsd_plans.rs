@@ -17,6 +17,7 @@ fn snapshot(cluster: &str) -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: cluster.into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
     }
 }
@@ -111,6 +112,7 @@ async fn a_busy_clusters_defrag_confirmed_once_runs() {
     let request = proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Defrag(proto::DefragParams {
             all: true,
             ..Default::default()

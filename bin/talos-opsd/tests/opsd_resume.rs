@@ -66,6 +66,7 @@ async fn an_interrupted_operation_is_resumed_or_abandoned_through_the_api() {
         .start_operation(proto::StartOperationRequest {
             cluster: "a".into(),
             plan_fingerprint: String::new(),
+            without_cluster_lock: true,
             kind: Some(Kind::Defrag(proto::DefragParams {
                 nodes: vec![node.clone()],
                 all: true,
@@ -99,6 +100,7 @@ async fn an_interrupted_operation_is_resumed_or_abandoned_through_the_api() {
         .plan_operation(proto::StartOperationRequest {
             cluster: "a".into(),
             plan_fingerprint: String::new(),
+            without_cluster_lock: true,
             kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
         })
         .await
@@ -175,6 +177,7 @@ async fn an_interrupted_operation_is_resumed_or_abandoned_through_the_api() {
         .start_operation(proto::StartOperationRequest {
             cluster: "a".into(),
             plan_fingerprint: String::new(),
+            without_cluster_lock: true,
             kind: Some(Kind::Join(proto::JoinParams {
                 node: "cp-9".into(),
                 timeout_s: 120,

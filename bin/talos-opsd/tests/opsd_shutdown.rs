@@ -41,6 +41,7 @@ async fn a_start_still_planning_at_sigterm_is_refused_or_parked_never_cut() {
             .start_operation(proto::StartOperationRequest {
                 cluster: "a".into(),
                 plan_fingerprint: String::new(),
+                without_cluster_lock: true,
                 kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
             })
             .await

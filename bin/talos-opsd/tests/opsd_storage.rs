@@ -78,6 +78,7 @@ fn snapshot() -> proto::StartOperationRequest {
     proto::StartOperationRequest {
         cluster: "a".into(),
         plan_fingerprint: String::new(),
+        without_cluster_lock: true,
         kind: Some(Kind::Snapshot(proto::SnapshotParams { keep: 0 })),
     }
 }
@@ -162,6 +163,7 @@ async fn a_full_snapshot_directory_fails_the_snapshot_naming_it() {
         .start_operation(proto::StartOperationRequest {
             cluster: "a".into(),
             plan_fingerprint: String::new(),
+            without_cluster_lock: true,
             kind: Some(Kind::Apply(proto::ApplyParams {
                 nodes: vec![sim.ip(1)],
                 config_path: dir.path().join("no-such.yaml").display().to_string(),

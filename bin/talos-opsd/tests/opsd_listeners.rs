@@ -24,6 +24,7 @@ async fn idle_connections_do_not_starve_scrapes() {
         &["--metrics-addr", &format!("127.0.0.1:{port}")],
     )
     .await;
+    d.until_logged("metrics served on /metrics").await;
     let mut idle = Vec::new();
     for _ in 0..40 {
         idle.push(
@@ -142,6 +143,7 @@ async fn a_peer_opening_connection_after_connection_writes_bounded_audit_lines()
     let client_ca = daemon::tls::ca("opsd client CA");
     let (config, _) = daemon::tls::tcp_config(dir.path(), port, &client_ca);
     let d = Daemon::start(dir.path(), &config).await;
+    d.until_logged("mutual TLS listener").await;
     for _ in 0..200 {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.bind(([127, 0, 0, 3], 0).into()).unwrap();

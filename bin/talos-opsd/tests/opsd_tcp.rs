@@ -76,6 +76,7 @@ async fn tcp_requires_a_client_certificate_from_its_own_ca() {
         write(dir.path(), "clients.crt", &client_ca.pem),
     );
     let d = Daemon::start(dir.path(), &config).await;
+    d.until_logged("mutual TLS listener").await;
 
     let none = call(port, &server_ca.pem, None).await;
     assert!(none.is_err(), "served without a client certificate");
@@ -150,6 +151,7 @@ async fn refused_and_silent_handshakes_are_audited_with_the_offered_subject() {
         write(dir.path(), "clients.crt", &client_ca.pem),
     );
     let d = Daemon::start(dir.path(), &config).await;
+    d.until_logged("mutual TLS listener").await;
     let refused = |log: &str, needle: &str| {
         log.lines()
             .any(|l| l.contains("TLS handshake refused") && l.contains(needle))
@@ -221,6 +223,7 @@ async fn silent_peers_do_not_starve_authenticated_clients() {
         write(dir.path(), "clients.crt", &client_ca.pem),
     );
     let d = Daemon::start(dir.path(), &config).await;
+    d.until_logged("mutual TLS listener").await;
     let alice = leaf(&client_ca, "alice", false);
 
     // One address, many connections: all but its share are closed at

@@ -158,6 +158,18 @@ impl Daemon {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits (30 s) until the log holds `line`. The daemon binds its TCP
+    /// listeners (`mutual TLS listener`, `metrics served on /metrics`, each
+    /// logged once bound) after the socket [`Daemon::start`] waits for, so
+    /// on a loaded machine a connection right after the start was refused.
+    pub async fn until_logged(&self, line: &str) {
+        wait_for(line, Duration::from_secs(30), || {
+            let found = self.log_text().contains(line);
+            async move { found.then_some(()) }
+        })
+        .await;
+    }
 }
 
 impl Drop for Daemon {

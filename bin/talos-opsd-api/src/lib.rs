@@ -360,6 +360,17 @@ pub fn record_to_proto(record: &OpRecord, cluster: String, notes: Vec<String>) -
                     transitions: f.transitions,
                     renewed: f.renewed.clone(),
                 }),
+                checks: s
+                    .checks
+                    .iter()
+                    .map(|c| proto::Check {
+                        check: c.check.name().to_string(),
+                        held: c.held,
+                        saw: c.saw.clone(),
+                        read_at: c.read_at.clone(),
+                        gap_ms: c.gap_ms,
+                    })
+                    .collect(),
             })
             .collect(),
         params_json: record.params.to_string(),
@@ -429,6 +440,10 @@ pub fn record_from_proto(op: proto::Operation) -> Result<OpRecord, ConvertError>
                 "fence": s.fence.as_ref().map(|f| json!({
                     "holder": f.holder, "transitions": f.transitions, "renewed": f.renewed,
                 })),
+                "checks": s.checks.iter().map(|c| json!({
+                    "check": c.check, "held": c.held, "saw": c.saw,
+                    "read_at": c.read_at, "gap_ms": c.gap_ms,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();

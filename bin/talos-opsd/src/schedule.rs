@@ -3,8 +3,9 @@
 //! defragmentation of the members that need one (`[cluster.defrag]`),
 //! each every interval or at each cron time, through the same operations
 //! as the API (so they are journaled, counted in the metrics, and refused
-//! while another operation holds the cluster). A failed or refused tick is
-//! logged, counted and retried at the next one.
+//! while another operation holds the cluster). A tick that finds the
+//! cluster held by another operation waits for it, up to a minute; a failed
+//! or refused tick is logged, counted and retried at the next one.
 
 use std::future::Future;
 use std::hash::{BuildHasher as _, Hasher as _};
@@ -13,8 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::config::Cadence;
-use crate::manager::Manager;
-use talos_client::ops::{DrillOptions, OpKind, OpSpec};
+use crate::manager::{Manager, StartError};
+use talos_client::ops::{DrillOptions, OpKind, OpSpec, OpsError};
+
+/// How long a tick waits for a cluster that another operation holds.
+const BUSY_PATIENCE: Duration = Duration::from_secs(60);
+/// How often it looks again meanwhile.
+const BUSY_RETRY: Duration = Duration::from_millis(250);
 
 /// Starts the schedule tasks of every cluster; they end when `generation`
 /// moves past the current one (a reload) or the daemon stops.
@@ -129,7 +135,24 @@ async fn tick(manager: Arc<Manager>, cluster: String, spec: OpSpec) {
     let without_lock = manager
         .cluster(&cluster)
         .is_some_and(|c| c.config.without_cluster_lock);
-    match manager.start(&cluster, spec, None, without_lock).await {
+    // A cluster busy with another operation (a snapshot's tick beside a
+    // drill's) is waited for, a while: else two schedules whose operations
+    // take about their interval could keep each other off for good.
+    let patient = tokio::time::Instant::now() + BUSY_PATIENCE;
+    let started = loop {
+        match manager
+            .start(&cluster, spec.clone(), None, without_lock)
+            .await
+        {
+            Err(StartError::Ops(OpsError::Busy { .. }))
+                if tokio::time::Instant::now() < patient && !manager.is_stopping() =>
+            {
+                tokio::time::sleep(BUSY_RETRY).await;
+            }
+            other => break other,
+        }
+    };
+    match started {
         Ok((record, _)) => {
             tracing::info!(cluster, op = %record.id, kind, "scheduled operation started");
             // Wait for it, so ticks never pile up on one cluster.

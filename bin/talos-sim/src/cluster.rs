@@ -243,6 +243,7 @@ impl Cluster {
             machine_config.as_bytes(),
         )?;
         let worker_config = worker_machine_config(&machine_config);
+        let cfg_dir = cfg.dir.clone();
         write_private(&cfg.dir.join("worker.yaml"), worker_config.as_bytes())?;
         let shared = Arc::new(Shared {
             cfg,
@@ -256,6 +257,7 @@ impl Cluster {
             worker_config,
             add_lock: tokio::sync::Mutex::new(()),
             stop: tokio_util::sync::CancellationToken::new(),
+            ledger: Arc::new(crate::ledger::Ledger::create(&cfg_dir)),
         });
         let cluster = Cluster { shared };
         cluster.start_initial_nodes().await?;
@@ -285,6 +287,14 @@ impl Cluster {
             crate::supervisor::start(shared, node).await?;
         }
         shared.wait_for_leader(Duration::from_secs(60)).await?;
+        // The ledger tracks quorum from the membership etcd started with.
+        let members = EtcdClient::connect(&shared.control_plane_etcd_urls(), &shared.etcd_pki)
+            .await?
+            .member_list()
+            .await?;
+        shared
+            .ledger
+            .seed_members(members.into_iter().map(|m| (m.id, m.name)));
         // Workers: configured, API only, no etcd.
         let first = shared.cfg.nodes + 1;
         let workers: Vec<Arc<Node>> = (first..first + shared.cfg.workers)
@@ -348,6 +358,12 @@ impl Cluster {
     /// The layout the cluster was started with.
     pub fn config(&self) -> &SimConfig {
         &self.shared.cfg
+    }
+
+    /// What happened in the cluster so far: its ledger (see
+    /// [`crate::ledger`]), also written to `DIR/ledger.jsonl`.
+    pub fn ledger(&self) -> &crate::ledger::Ledger {
+        &self.shared.ledger
     }
 
     /// The OS CA certificate, PEM.
@@ -516,7 +532,8 @@ impl Cluster {
     pub async fn shutdown(self) {
         self.shared.stop.cancel();
         let nodes = self.shared.nodes();
-        futures::future::join_all(nodes.iter().map(|n| crate::lifecycle::power_off(n))).await;
+        let stop = futures::future::join_all(nodes.iter().map(|n| crate::lifecycle::power_off(n)));
+        crate::ledger::with_cause(crate::ledger::Cause::simulator("shutdown"), stop).await;
     }
 }
 

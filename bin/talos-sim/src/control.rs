@@ -87,6 +87,24 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// The fault this request injects and the node it hits, if it is one
+    /// (the ledger records it, and what it causes).
+    pub fn fault(&self) -> Option<(&'static str, &str)> {
+        Some(match self {
+            Request::FailNextSnapshot { node, .. } => ("fail-next-snapshot", node),
+            Request::FreezeEtcd { node } => ("freeze-etcd", node),
+            Request::ThawEtcd { node } => ("thaw-etcd", node),
+            Request::Partition { node } => ("partition", node),
+            Request::Heal { node } => ("heal", node),
+            Request::PowerOff { node } => ("power-off", node),
+            Request::DelayLeave { node, .. } => ("delay-leave", node),
+            Request::FailNextUpgrade { node, .. } => ("fail-next-upgrade", node),
+            _ => return None,
+        })
+    }
+}
+
 /// The simulator's answer to one [`Request`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "kebab-case")]
@@ -134,7 +152,14 @@ async fn answer(stream: UnixStream, shared: std::sync::Arc<Shared>) {
     let mut lines = tokio::io::BufReader::new(read).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let reply = match serde_json::from_str::<Request>(&line) {
-            Ok(request) => carry_out(&shared, request).await,
+            Ok(request) => match request.fault() {
+                Some((fault, node)) => {
+                    shared.ledger.note_fault(fault, Some(node));
+                    let cause = crate::ledger::Cause::fault(fault);
+                    crate::ledger::with_cause(cause, carry_out(&shared, request)).await
+                }
+                None => carry_out(&shared, request).await,
+            },
             Err(e) => Reply::Error {
                 message: format!("not a request ({e}): {line}"),
             },

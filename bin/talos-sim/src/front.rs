@@ -25,11 +25,12 @@ use super::auth::{CallerRoles, IMPERSONATOR, READER};
 use super::go_errors;
 use super::machined::Machined;
 use super::proxy::{self, MethodKind};
-use super::serve::certificate_roles;
+use super::serve::{PeerInfo, certificate_roles};
 use crate::api::server::cluster::cluster_service_server::ClusterServiceServer;
 use crate::api::server::machine::image_service_server::ImageServiceServer;
 use crate::api::server::machine::lifecycle_service_server::LifecycleServiceServer;
 use crate::api::server::machine::machine_service_server::MachineServiceServer;
+use crate::ledger::{CallKind, Caller};
 use talos_client::client::MAX_MESSAGE_SIZE;
 
 /// Metadata carrying the caller's roles between apids.
@@ -38,6 +39,10 @@ const ROLE_KEY: HeaderName = HeaderName::from_static("talos-role");
 const NODE: HeaderName = HeaderName::from_static("node");
 const NODES: HeaderName = HeaderName::from_static("nodes");
 const PROXY_FROM: HeaderName = HeaderName::from_static("proxyfrom");
+/// The original caller of a call one of the simulator's apids forwards to
+/// another over the network, for the ledger (trusted from a peer apid
+/// only, as the roles are).
+const CALLER_KEY: HeaderName = HeaderName::from_static("talos-sim-caller");
 
 /// The front service; `S` only selects the gRPC service name it is
 /// registered under (tonic routes by name).
@@ -137,8 +142,12 @@ async fn route(machined: Machined, mut request: http::Request<Body>) -> http::Re
     }
     let roles = caller_roles(&request);
     if request.headers().contains_key(PROXY_FROM) {
+        adopt_forwarded_caller(&mut request);
         return local(&machined, request, roles).await;
     }
+    // The call enters the cluster here: who sent it goes with it.
+    let caller = Caller::of_peer(request.extensions().get::<PeerInfo>(), &machined.node.name);
+    request.extensions_mut().insert(caller);
     let nodes = header_values(&request, &NODES);
     let node = header_values(&request, &NODE);
     if node.len() > 1 {
@@ -165,9 +174,51 @@ async fn route(machined: Machined, mut request: http::Request<Body>) -> http::Re
     }
 }
 
-/// Answers on this node: machined checks the roles. Boxed, so that the
-/// futures holding it stay small (every forwarded call moves one).
+/// The caller a peer apid forwarded over the network with the call, unless
+/// the call came in-process with its caller already.
+fn adopt_forwarded_caller(request: &mut http::Request<Body>) {
+    if request.extensions().get::<Caller>().is_some() {
+        return;
+    }
+    let from_peer_apid = certificate_roles(request.extensions())
+        .iter()
+        .any(|r| r == IMPERSONATOR);
+    let forwarded = request
+        .headers()
+        .get(CALLER_KEY)
+        .and_then(Caller::from_header);
+    if let (true, Some(caller)) = (from_peer_apid, forwarded) {
+        request.extensions_mut().insert(caller);
+    }
+}
+
+/// Answers on this node: machined checks the roles. A call the ledger
+/// records is recorded here, where it is handled, and everything it
+/// causes carries it. Boxed, so that the futures holding it stay small
+/// (every forwarded call moves one).
 fn local(
+    machined: &Machined,
+    request: http::Request<Body>,
+    roles: Vec<String>,
+) -> BoxFuture<'static, http::Response<Body>> {
+    let path = request.uri().path().to_string();
+    let Some(kind) = CallKind::of_method(&path) else {
+        return answer_here(machined, request, roles);
+    };
+    let node = &machined.node.name;
+    let caller = request
+        .extensions()
+        .get::<Caller>()
+        .cloned()
+        .unwrap_or_else(|| Caller::of_peer(request.extensions().get::<PeerInfo>(), node));
+    let cause = machined.shared.ledger.call(node, &path, kind, caller);
+    Box::pin(crate::ledger::with_cause(
+        cause,
+        answer_here(machined, request, roles),
+    ))
+}
+
+fn answer_here(
     machined: &Machined,
     mut request: http::Request<Body>,
     roles: Vec<String>,
@@ -233,6 +284,15 @@ fn prepare_forward(machined: &Machined, request: &mut http::Request<Body>, roles
         if let Ok(value) = http::HeaderValue::from_str(role) {
             headers.append(ROLE_KEY, value);
         }
+    }
+    let caller = request
+        .extensions()
+        .get::<Caller>()
+        .and_then(Caller::to_header);
+    let headers = request.headers_mut();
+    headers.remove(CALLER_KEY);
+    if let Some(caller) = caller {
+        headers.insert(CALLER_KEY, caller);
     }
 }
 
@@ -342,6 +402,9 @@ async fn one_to_many(
         let mut request =
             http::Request::from_parts(parts.clone(), Body::new(Full::new(body.clone())));
         *request.extensions_mut() = http::Extensions::new();
+        if let Some(caller) = parts.extensions.get::<Caller>() {
+            request.extensions_mut().insert(caller.clone());
+        }
         prepare_forward(machined, &mut request, &roles);
         (target.to_string(), request)
     };

@@ -53,6 +53,7 @@ mod kube_controllers;
 mod kubeconfig;
 mod kubelet;
 mod kubeprism;
+pub mod ledger;
 mod lifecycle;
 mod machined;
 mod machined_apply;

@@ -10,6 +10,7 @@ use super::SimError;
 use super::etcd_client::EtcdClient;
 use super::etcd_process::ClusterState;
 use super::events::publish;
+use super::ledger::{Down, MemberChange};
 use super::node::{Node, Power};
 use super::shared::Shared;
 use crate::api::machine::machine_status_event::MachineStage;
@@ -21,6 +22,15 @@ const EVENTS_GRACE: Duration = Duration::from_millis(200);
 /// Powers a node off: its API stops answering (open connections break)
 /// and etcd stops, keeping its data.
 pub(crate) async fn power_off(node: &Node) {
+    power_off_as(node, Down::PowerOff).await
+}
+
+/// [`power_off`], recorded in the ledger as `how` (a shutdown, a pulled
+/// plug).
+pub(crate) async fn power_off_as(node: &Node, how: Down) {
+    if node.power() != Power::Off {
+        node.ledger.down(&node.name, how, &[]);
+    }
     node.set_front(None);
     node.set_power(Power::Off);
     node.stop_etcd().await;
@@ -57,14 +67,15 @@ pub(crate) async fn reboot(shared: &Arc<Shared>, node: &Arc<Node>, actor: &str) 
     ] {
         publish::phase_with_task(log, phase, task, actor);
     }
-    go_down(shared, node).await;
+    go_down(shared, node, Down::Reboot).await;
 }
 
 /// The end of a reboot-like sequence: the API serves its last events, then
 /// the node goes down for the boot delay and takes its persisted (or
 /// staged) configuration.
-async fn go_down(shared: &Arc<Shared>, node: &Arc<Node>) {
+async fn go_down(shared: &Arc<Shared>, node: &Arc<Node>, how: Down) {
     tokio::time::sleep(EVENTS_GRACE).await;
+    node.ledger.down(&node.name, how, &[]);
     node.set_front(None);
     node.set_power(Power::Rebooting);
     node.stop_etcd().await;
@@ -123,7 +134,7 @@ pub(crate) async fn upgrade(
         publish::phase_with_task(log, phase, task, actor);
     }
     node.upgrade.install(target);
-    go_down(shared, node).await;
+    go_down(shared, node, Down::Upgrade).await;
 }
 
 /// At boot, after going down: the boot loader picks the partition an
@@ -171,11 +182,12 @@ pub(crate) async fn boot_begin(shared: &Arc<Shared>, node: &Arc<Node>) {
             // The etcd service joins in the background while the API
             // serves (it waits, printing its bootstrap hint, upstream).
             let (shared, node) = (shared.clone(), node.clone());
-            tokio::spawn(async move {
+            let cause = crate::ledger::current_cause();
+            tokio::spawn(crate::ledger::with_cause(cause, async move {
                 if let Err(e) = join_etcd(&shared, &node, true).await {
                     tracing::warn!(node = %node.name, error = %e, "etcd did not join after boot");
                 }
-            });
+            }));
         }
     }
 }
@@ -242,6 +254,7 @@ pub(crate) async fn reset(
     }
     // The API serves through the sequence: its watchers get the events.
     tokio::time::sleep(EVENTS_GRACE).await;
+    node.ledger.down(&node.name, Down::Reset, labels);
     node.set_front(None);
     node.set_power(Power::Rebooting);
     node.stop_etcd().await;
@@ -302,7 +315,10 @@ pub(crate) async fn join_etcd(
             }
         }
     };
-    tokio::spawn(promote(client, member_id, node.name.clone(), timing));
+    tokio::spawn(crate::ledger::with_cause(
+        crate::ledger::Cause::simulator("learner promotion"),
+        promote(client, member_id, node.clone(), timing),
+    ));
     node.start_etcd(initial_cluster, ClusterState::Existing)
         .await
 }
@@ -338,11 +354,15 @@ async fn add_member(
             .member_remove_within(stale.id, left())
             .await
             .map_err(|s| format!("error removing self from the member list: {}", s.message()))?;
+        node.ledger
+            .member(MemberChange::Removed, stale.id, &node.name, false);
     }
     let member = client
         .member_add_within(&node.etcd_peer_url(), true, left())
         .await
         .map_err(|s| format!("error adding member: {}", s.message()))?;
+    node.ledger
+        .member(MemberChange::Added, member.id, &node.name, true);
     let initial_cluster = client
         .member_list()
         .await
@@ -365,7 +385,8 @@ async fn add_member(
 /// one every `promote_interval` plus jitter, for up to `promote_limit`;
 /// each attempt a single MemberPromote call within
 /// `promote_attempt_timeout`.
-async fn promote(client: EtcdClient, member_id: u64, name: String, timing: super::TalosTiming) {
+async fn promote(client: EtcdClient, member_id: u64, node: Arc<Node>, timing: super::TalosTiming) {
+    let name = node.name.clone();
     let deadline = Instant::now() + timing.promote_limit;
     loop {
         match client
@@ -374,6 +395,8 @@ async fn promote(client: EtcdClient, member_id: u64, name: String, timing: super
         {
             Ok(()) => {
                 tracing::info!(node = %name, "learner promoted to voting member");
+                node.ledger
+                    .member(MemberChange::Promoted, member_id, &name, false);
                 return;
             }
             Err(s) if s.message().contains("not a learner") => return,

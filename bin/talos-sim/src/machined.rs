@@ -394,10 +394,11 @@ impl MachineService for Machined {
             // after the delay even when the caller has given up.
             Some(delay) => {
                 let (node, shared) = (self.node.clone(), self.shared.clone());
-                tokio::spawn(async move {
+                let cause = crate::ledger::current_cause();
+                tokio::spawn(crate::ledger::with_cause(cause, async move {
                     tokio::time::sleep(delay).await;
                     etcd::leave_cluster(&node, &shared).await
-                })
+                }))
                 .await
                 .map_err(|e| Status::internal(e.to_string()))??;
             }

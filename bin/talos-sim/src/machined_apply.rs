@@ -105,6 +105,11 @@ impl Machined {
             Mode::Reboot => (Mode::Reboot, "Applied configuration with a reboot"),
         };
         let config = config.encode();
+        self.node.ledger.record(crate::ledger::Event::Apply {
+            node: self.node.name.clone(),
+            mode: mode.as_str_name().to_ascii_lowercase().replace('_', "-"),
+            dry_run: request.dry_run,
+        });
         if request.dry_run {
             let old = diff::normalize(active.as_bytes()).unwrap_or(active);
             let mut changes = diff::unified(&old, &config);
@@ -167,7 +172,10 @@ impl Machined {
                 // persisted one (v1alpha1_runtime.go, RollbackToConfigAfter).
                 let before = std::mem::replace(&mut state.active, config);
                 node.kubelet.restart_on_change(&before, &state.active);
-                let task = tokio::spawn(roll_back_after(node.clone(), before, try_timeout));
+                let task = tokio::spawn(crate::ledger::with_cause(
+                    crate::ledger::Cause::simulator("try rollback"),
+                    roll_back_after(node.clone(), before, try_timeout),
+                ));
                 state.rollback = Some(task.abort_handle());
                 format!(
                     "Applied configuration without a reboot\nThe config is applied in 'try' mode and will be automatically reverted back in {}",
@@ -204,6 +212,9 @@ async fn roll_back_after(node: Arc<Node>, previous: String, timeout: Duration) {
     {
         let mut state = node.config.lock().expect("config lock");
         tracing::info!(node = %node.name, "rolling back the configuration applied in try mode");
+        node.ledger.record(crate::ledger::Event::Rollback {
+            node: node.name.clone(),
+        });
         node.kubelet.restart_on_change(&state.active, &previous);
         state.active = previous;
         state.rollback = None;

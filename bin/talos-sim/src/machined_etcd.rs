@@ -17,6 +17,7 @@ use tonic::{Code, Status};
 
 use super::etcd_client::EtcdClient;
 use super::go_errors::{EtcdError, etcd_returned, etcd_wrapped};
+use super::ledger::MemberChange;
 use super::node::Node;
 use super::shared::Shared;
 use crate::api::{common, etcdserverpb as pb, machine};
@@ -73,6 +74,8 @@ pub(crate) async fn remove_member_by_id(
         .member_remove_within(id, None)
         .await
     else {
+        let name = node.ledger.member_name(id).unwrap_or_default();
+        node.ledger.member(MemberChange::Removed, id, &name, false);
         return Ok(());
     };
     // RemoveMemberByMemberID wraps the error ("failed to remove member
@@ -220,6 +223,8 @@ pub(crate) async fn leave_cluster(node: &Node, shared: &Shared) -> Result<(), St
     remove_self(&client, member_id, shared)
         .await
         .map_err(|errors| errors.into_status(CONTEXT))?;
+    node.ledger
+        .member(MemberChange::Removed, member_id, &node.name, false);
     node.stop_etcd().await;
     let data = node.etcd_data_dir();
     if data.exists() {
@@ -503,5 +508,18 @@ pub(crate) async fn bootstrap(
     }
     node.start_etcd(initial_cluster, crate::etcd_process::ClusterState::New)
         .await
-        .map_err(|e| Status::unknown(e.to_string()))
+        .map_err(|e| Status::unknown(e.to_string()))?;
+    // A cluster of this one member now: the ledger learns its id.
+    let (client, url) = node.local_etcd_now("bootstrap").await?;
+    if let Ok(status) = client.status(&url).await
+        && let Some(header) = status.header
+    {
+        node.ledger.member(
+            MemberChange::Bootstrapped,
+            header.member_id,
+            &node.name,
+            false,
+        );
+    }
+    Ok(())
 }

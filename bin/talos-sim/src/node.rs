@@ -15,6 +15,7 @@ use super::SimError;
 use super::etcd_client::EtcdClient;
 use super::etcd_process::{ClusterState, EtcdBinaries, EtcdProcess, EtcdSpec};
 use super::etcd_tls::EtcdPki;
+use super::ledger::{Cause, EtcdState, Ledger, current_cause};
 
 /// The system volumes of a simulated node, by label: the partitions of an
 /// installed Talos 1.13 control plane's system disk, the image cache
@@ -164,10 +165,13 @@ pub struct Node {
     leave_delay: Mutex<Option<std::time::Duration>>,
     /// Whether Kubeconfig fails, as when machined cannot generate it.
     kubeconfig_withheld: std::sync::atomic::AtomicBool,
-    /// Power actions the API's handlers queued for the node's supervisor.
-    actions: tokio::sync::mpsc::UnboundedSender<Action>,
+    /// Power actions the API's handlers queued for the node's supervisor,
+    /// each with the cause it was queued under.
+    actions: tokio::sync::mpsc::UnboundedSender<(Action, Cause)>,
     /// The other end, until the supervisor takes it.
-    queued: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Action>>>,
+    queued: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<(Action, Cause)>>>,
+    /// The cluster's ledger, where the node records its changes.
+    pub(crate) ledger: Arc<Ledger>,
 }
 
 /// How long after the call's answer a queued action starts: machined
@@ -227,6 +231,7 @@ pub(crate) struct NodeLayout {
     pub timing: super::TalosTiming,
     pub kube_apiserver: Option<std::path::PathBuf>,
     pub version: super::TalosVersion,
+    pub ledger: Arc<Ledger>,
 }
 
 impl Node {
@@ -286,6 +291,7 @@ impl Node {
             kubeconfig_withheld: std::sync::atomic::AtomicBool::new(false),
             actions,
             queued: Mutex::new(Some(queued)),
+            ledger: layout.ledger,
         };
         for label in system_volumes(layout.version) {
             let path = node.volume(label);
@@ -433,7 +439,15 @@ impl Node {
 
     pub(crate) fn set_power(&self, power: Power) {
         let on = power == Power::On;
-        *self.power.lock().expect("power lock") = power;
+        let word = match power {
+            Power::On => "on",
+            Power::Rebooting => "rebooting",
+            Power::Off => "off",
+        };
+        let old = std::mem::replace(&mut *self.power.lock().expect("power lock"), power.clone());
+        if old != power {
+            self.ledger.power(&self.name, on, word);
+        }
         if !on {
             self.kube_apiserver.stop();
             self.kubeprism.stop();
@@ -537,6 +551,7 @@ impl Node {
         let spec = self.spec(initial_cluster, state)?;
         let process = EtcdProcess::start(spec, &self.etcd_pki, &self.etcd_log()).await?;
         *slot = Some(process);
+        self.ledger.etcd(&self.name, EtcdState::Running);
         self.record("Started task etcd for container etcd", "Running");
         self.etcd_health.start(
             self.etcd_client_url(),
@@ -564,6 +579,7 @@ impl Node {
             self.etcd_health.stop();
             self.record("Stopping service", "Stopping");
             process.stop().await;
+            self.ledger.etcd(&self.name, EtcdState::Stopped);
             self.record("Service finished successfully", "Finished");
         }
     }
@@ -580,7 +596,11 @@ impl Node {
         if !process.is_running() {
             return false;
         }
-        process.set_frozen(true).await
+        let done = process.set_frozen(true).await;
+        // Recorded even when not every thread showed stopped in time:
+        // the signal was sent, and the process stops (or goes on) on it.
+        self.ledger.etcd(&self.name, EtcdState::Frozen);
+        done
     }
 
     /// Thaws an etcd frozen by [`Node::freeze_etcd`].
@@ -592,7 +612,11 @@ impl Node {
         if !process.is_running() {
             return false;
         }
-        process.set_frozen(false).await
+        let done = process.set_frozen(false).await;
+        // Recorded even when not every thread showed stopped in time:
+        // the signal was sent, and the process stops (or goes on) on it.
+        self.ledger.etcd(&self.name, EtcdState::Thawed);
+        done
     }
 
     /// The kernel's id of the current boot
@@ -616,13 +640,15 @@ impl Node {
 
     /// Queues `action` for the node's supervisor.
     pub(crate) fn queue(&self, action: Action) {
-        if self.actions.send(action).is_err() {
+        if self.actions.send((action, current_cause())).is_err() {
             tracing::warn!(node = %self.name, "no supervisor runs this node; action dropped");
         }
     }
 
     /// The queued actions, for the supervisor (once).
-    pub(crate) fn take_queue(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Action>> {
+    pub(crate) fn take_queue(
+        &self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<(Action, Cause)>> {
         self.queued.lock().expect("queue lock").take()
     }
 
@@ -707,7 +733,17 @@ impl Node {
     }
 
     pub(crate) fn set_blackhole(&self, listener: Option<tokio::net::TcpListener>) {
-        *self.blackhole.lock().expect("blackhole lock") = listener;
+        let cut = listener.is_some();
+        let was = std::mem::replace(
+            &mut *self.blackhole.lock().expect("blackhole lock"),
+            listener,
+        );
+        if was.is_some() != cut {
+            self.ledger.record(super::ledger::Event::Partition {
+                node: self.name.clone(),
+                cut,
+            });
+        }
     }
 
     /// The machine configuration in effect (after a TRY apply: the tried

@@ -72,6 +72,8 @@ pub(crate) struct Shared {
     /// Cancelled when the cluster shuts down or is dropped: the nodes'
     /// supervisors stop.
     pub(crate) stop: tokio_util::sync::CancellationToken,
+    /// What happened in the cluster (see [`crate::ledger`]).
+    pub(crate) ledger: Arc<crate::ledger::Ledger>,
 }
 
 /// What a new node is.
@@ -187,6 +189,7 @@ impl Shared {
                 timing: cfg.timing,
                 kube_apiserver: cfg.kube_apiserver.clone(),
                 version: cfg.talos_version,
+                ledger: self.ledger.clone(),
             },
             match kind {
                 NodeKind::ControlPlane => Some(self.machine_config.clone()),

@@ -26,14 +26,18 @@ pub(crate) fn supervise(shared: &Arc<Shared>, node: &Arc<Node>) {
     let (weak, node, stop) = (Arc::downgrade(shared), node.clone(), shared.stop.clone());
     tokio::spawn(async move {
         loop {
-            let action = tokio::select! {
+            let (action, cause) = tokio::select! {
                 () = stop.cancelled() => return,
                 action = queue.recv() => match action {
                     Some(action) => action,
                     None => return,
                 },
             };
-            tokio::spawn(run(weak.clone(), node.clone(), action));
+            // The action's events carry the cause it was queued under.
+            tokio::spawn(crate::ledger::with_cause(
+                cause,
+                run(weak.clone(), node.clone(), action),
+            ));
         }
     });
 }
@@ -84,7 +88,7 @@ async fn run(shared: Weak<Shared>, node: Arc<Node>, action: Action) {
                 boot(&shared, &node).await;
             }
         }
-        Action::PowerOff => lifecycle::power_off(&node).await,
+        Action::PowerOff => lifecycle::power_off_as(&node, crate::ledger::Down::Shutdown).await,
         Action::BootConfigured => {
             node.set_front(None);
             boot(&shared, &node).await;

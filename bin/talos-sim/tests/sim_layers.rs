@@ -29,6 +29,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("shared", 0),
     ("node", 0),
     ("upgrade_state", 0),
+    ("ledger", 0),
 ];
 
 fn layer(module: &str) -> Option<u8> {

@@ -431,6 +431,17 @@ impl Cluster {
         Ok(())
     }
 
+    /// Puts a new machine at a powered-off node's address (after a reset,
+    /// say): wiped, configured as a control-plane node of this cluster and
+    /// booted, its etcd joining as a new member under the node's name.
+    pub async fn boot_fresh(&self, target: &str) -> Result<(), SimError> {
+        let node = self
+            .shared
+            .find(target)
+            .ok_or_else(|| SimError::Refused(format!("no node {target:?}")))?;
+        crate::supervisor::boot_fresh(&self.shared, &node).await
+    }
+
     /// Arms a fault for a node's next upgrade (legacy or lifecycle path):
     /// at the boot into the new version it boots its old partition and
     /// comes back on the version it ran, or it never comes back.

@@ -29,6 +29,7 @@
 
 pub mod api;
 mod auth;
+pub mod campaign;
 pub mod cluster;
 mod config_schema;
 pub mod control;

@@ -14,6 +14,8 @@ use talos_sim::pki::{Ca, LeafSpec};
 use talos_sim::{Cluster, DEFAULT_BASE_IP, SimConfig};
 use time::OffsetDateTime;
 
+mod campaign_cmd;
+
 #[derive(Parser)]
 #[command(
     name = "talos-sim",
@@ -116,6 +118,10 @@ enum Command {
         #[arg(long, default_value_t = 360)]
         delay_secs: u64,
     },
+    /// A randomized fault campaign: each run a fresh cluster, one operation
+    /// through the real talosctl-rs (or talos-opsd), faults at random
+    /// instants, and the invariants checked against the cluster's ledger.
+    Campaign(campaign_cmd::CampaignArgs),
     /// Write an example Talos PKI and talosconfig into DIR.
     GenCerts {
         /// Where to write them.
@@ -267,6 +273,7 @@ async fn main() -> std::process::ExitCode {
                 .map_err(Into::into)
         }
         Command::GenCerts { dir } => gen_certs(&dir),
+        Command::Campaign(args) => campaign_cmd::campaign(args, cached_kube_apiserver()).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

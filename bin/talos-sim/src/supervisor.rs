@@ -179,3 +179,28 @@ pub(crate) async fn heal(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<bool,
     start_front(shared, node).await?;
     Ok(true)
 }
+
+/// Another machine at a powered-off node's address: its volumes wiped (a
+/// new node identity), the cluster's control-plane configuration on
+/// STATE, booted; its etcd joins as a new member under the node's name
+/// (the member the old machine left behind, if any, removed first, as
+/// upstream's join does). Refused while the node is on.
+pub(crate) async fn boot_fresh(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), SimError> {
+    if node.power() != Power::Off {
+        return Err(SimError::Refused(format!(
+            "{}: still on; only a powered-off node's address can take a new machine",
+            node.name
+        )));
+    }
+    for label in crate::node::system_volumes(node.talos_version()) {
+        node.wipe(label)
+            .map_err(|e| SimError::io(&node.volume(label), e))?;
+    }
+    node.set_worker(false);
+    node.persist_config(&shared.machine_config)
+        .map_err(|e| SimError::io(&node.config_path(), e))?;
+    *node.config.lock().expect("config lock") = Default::default();
+    node.config.lock().expect("config lock").active = shared.machine_config.clone();
+    boot(shared, node).await;
+    Ok(())
+}

@@ -7,6 +7,8 @@
 
 mod check;
 mod check_journal;
+#[cfg(test)]
+mod check_tests;
 pub mod draw;
 mod procs;
 mod run;
@@ -127,7 +129,8 @@ pub struct RunReport {
     pub outcome: Option<String>,
     /// The run's wall time, cluster included.
     pub elapsed_ms: u64,
-    /// The campaign could not prepare the run (not the operation's doing).
+    /// The campaign could not prepare the run, or not read what the
+    /// checks need (not found to be the operation's doing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub setup_error: Option<String>,
     /// Where the run's files were kept.
@@ -282,14 +285,22 @@ pub async fn run_one(options: &Options, run: u64) -> RunReport {
             .and_then(|r| r["state"].as_str())
             .map(str::to_string);
         world.cluster.shutdown().await;
-        Ok((gathered.faults, violations, outcome))
+        let unreadable = match gathered.unreadable.is_empty() {
+            true => None,
+            false => Some(format!(
+                "journal unreadable, the checks are incomplete: {}",
+                gathered.unreadable.join("; ")
+            )),
+        };
+        Ok((gathered.faults, violations, outcome, unreadable))
     }
     .await;
     match result {
-        Ok((faults, violations, outcome)) => {
+        Ok((faults, violations, outcome, unreadable)) => {
             report.faults = faults;
             report.violations = violations;
             report.outcome = outcome;
+            report.setup_error = unreadable;
         }
         Err(e) => report.setup_error = Some(e),
     }

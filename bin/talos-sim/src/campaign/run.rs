@@ -30,6 +30,8 @@ pub struct Gathered {
     pub bound: Duration,
     /// Whether a process had to be stopped at the bound.
     pub overran: Vec<String>,
+    /// Journals that could not be read (the checks then cannot stand).
+    pub unreadable: Vec<String>,
 }
 
 /// How long a run may take once its operation starts: the operation's
@@ -100,6 +102,7 @@ pub async fn run(
         faults: Vec::new(),
         actions: Vec::new(),
         overran: Vec::new(),
+        unreadable: Vec::new(),
     };
     let mut operator = timeline.start_operator().await;
     for fault in &draw.faults {
@@ -110,14 +113,24 @@ pub async fn run(
     }
     timeline.drive(&mut operator, deadline).await;
     timeline.finish(operator, deadline).await;
+    let mut unreadable = timeline.unreadable;
+    let mut read = |host: &Host, result: Result<Vec<serde_json::Value>, String>| {
+        result.unwrap_or_else(|e| {
+            unreadable.push(format!("{}: {e}", host.state_dir.display()));
+            Vec::new()
+        })
+    };
+    let operator = read(&world.operator, journal(world, &world.operator).await);
+    let second = read(&world.second, journal(world, &world.second).await);
     Gathered {
         faults: timeline.faults,
         procs: timeline.procs,
-        operator: journal(world, &world.operator).await,
-        second: journal(world, &world.second).await,
+        operator,
+        second,
         ledger: world.cluster.ledger().entries(),
         bound,
         overran: timeline.overran,
+        unreadable,
     }
 }
 
@@ -132,6 +145,7 @@ struct Timeline<'a> {
     faults: Vec<String>,
     actions: Vec<(Instant, Action)>,
     overran: Vec<String>,
+    unreadable: Vec<String>,
 }
 
 impl Timeline<'_> {
@@ -210,10 +224,12 @@ impl Timeline<'_> {
             return false;
         }
         // The daemon may go on after its watcher left (a restart's
-        // recovery): over once its journal shows nothing running.
+        // recovery): over once its journal shows nothing running (not
+        // while it cannot be read).
         if operator.daemon.is_some() {
-            let records = journal(self.world, &self.world.operator).await;
-            return !records.iter().any(|r| r["state"] == "running");
+            return journal(self.world, &self.world.operator)
+                .await
+                .is_ok_and(|records| !records.iter().any(|r| r["state"] == "running"));
         }
         true
     }
@@ -297,7 +313,16 @@ impl Timeline<'_> {
     /// journaled and is still running (a kill before the journal had it
     /// leaves nothing to resume).
     async fn resume(&mut self, operator: &mut Operator) {
-        let records = journal(self.world, &self.world.operator).await;
+        let records = match journal(self.world, &self.world.operator).await {
+            Ok(records) => records,
+            Err(e) => {
+                // Not known yet whether there is one: try again shortly.
+                tracing::warn!("campaign: before the resume: {e}");
+                operator.pending = true;
+                self.later(500, Action::Resume);
+                return;
+            }
+        };
         let Some(id) = records
             .iter()
             .find(|r| r["state"] == "running")
@@ -439,9 +464,12 @@ impl Timeline<'_> {
         if let Some(mut daemon) = operator.daemon.take()
             && let Some(mut proc) = daemon.proc.take()
         {
-            let still = journal(self.world, &self.world.operator).await;
-            if still.iter().any(|r| r["state"] == "running") {
-                self.overran.push("talos-opsd".into());
+            match journal(self.world, &self.world.operator).await {
+                Ok(still) if still.iter().any(|r| r["state"] == "running") => {
+                    self.overran.push("talos-opsd".into());
+                }
+                Ok(_) => {}
+                Err(e) => self.unreadable.push(format!("at the bound: {e}")),
             }
             proc.kill().await;
             let mut ended = proc.ended();
@@ -453,18 +481,24 @@ impl Timeline<'_> {
 }
 
 /// A host's journal (`ops list -o json`, read in this process's view of
-/// its state directory, never through a daemon); empty when unreadable.
-pub async fn journal(world: &World, host: &Host) -> Vec<serde_json::Value> {
+/// its state directory, never through a daemon), newest first; empty
+/// before the host journaled anything.
+pub async fn journal(world: &World, host: &Host) -> Result<Vec<serde_json::Value>, String> {
     let mut args = base_args(host, None);
     args.extend(["--local".into(), "list".into()]);
-    let output = tokio::process::Command::new(&world.talosctl)
+    let out = tokio::process::Command::new(&world.talosctl)
         .args(&args)
+        .env_remove("TALOSCONFIG")
+        .env_remove("TALOS_OPSD_SOCKET")
         .output()
-        .await;
-    match output {
-        Ok(out) => {
-            serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).unwrap_or_default()
-        }
-        Err(_) => Vec::new(),
+        .await
+        .map_err(|e| format!("{}: {e}", world.talosctl.display()))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!("ops list: {}: {}", out.status, stderr.trim()));
     }
+    serde_json::from_slice(&out.stdout).map_err(|e| {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        format!("ops list: {e}: {} {}", stdout.trim(), stderr.trim())
+    })
 }

@@ -165,14 +165,18 @@ fn live_voters_down(known: &Known<'_>, ledger: &[Entry]) -> Vec<Violation> {
                 return None;
             };
             let (call, kind, _, subject) = known.ours(&e.cause)?;
-            let harm = match how {
-                Down::Reset => "reset while a live voter".to_string(),
-                Down::Reboot | Down::Upgrade | Down::Shutdown if !quorum_without => {
-                    format!("{how:?} while a live voter the others had no quorum without")
-                }
+            // A reset takes a member's data for good: no fault makes
+            // resetting a live voter right, so none excuses it. A reboot
+            // out of quorum is excused as a loss is.
+            let (harm, excusable) = match how {
+                Down::Reset => ("reset while a live voter".to_string(), false),
+                Down::Reboot | Down::Upgrade | Down::Shutdown if !quorum_without => (
+                    format!("{how:?} while a live voter the others had no quorum without"),
+                    true,
+                ),
                 _ => return None,
             };
-            (!excused(ledger, call, i)).then(|| {
+            (!(excusable && excused(ledger, call, i))).then(|| {
                 violation(
                     "I2",
                     format!(

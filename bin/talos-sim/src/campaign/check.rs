@@ -203,11 +203,30 @@ pub(super) fn rfc3339_ms(text: &str) -> Option<u64> {
     u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()
 }
 
-/// I5: an operation of one host in progress while another host's was.
+/// Whether a journaled operation may change the cluster, by the engine's
+/// own definition ([`talos_client::ops::OpSpec::may_change_cluster`]):
+/// those hold the cluster lock; read-only ones (a snapshot, a drill, a
+/// join without a configuration) take none and may run beside anything
+/// (docs/ops/lock.md). Parameters that do not parse count as changing.
+pub(super) fn may_change_cluster(record: &serde_json::Value) -> bool {
+    serde_json::from_value::<talos_client::ops::OpSpec>(record["params"].clone())
+        .map_or(true, |spec| spec.may_change_cluster())
+}
+
+/// I5: an operation of one host that may change the cluster in progress
+/// while another host's was.
 fn two_at_once(gathered: &Gathered) -> Vec<Violation> {
     let mut found = Vec::new();
-    for a in &gathered.operator {
-        for b in &gathered.second {
+    let changing = |records: &'_ [serde_json::Value]| -> Vec<serde_json::Value> {
+        records
+            .iter()
+            .filter(|r| may_change_cluster(r))
+            .cloned()
+            .collect()
+    };
+    let (operator, second) = (changing(&gathered.operator), changing(&gathered.second));
+    for a in &operator {
+        for b in &second {
             let (Some((a0, a1)), Some((b0, b1))) = (span_ms(a), span_ms(b)) else {
                 continue;
             };

@@ -133,3 +133,73 @@ async fn a_fault_after_a_fresh_read_excuses_the_loss() {
     assert!(quiet.has_quorum());
     assert_eq!(invariants(&violations(&quiet)), ["I2"]);
 }
+
+/// A journal record of kind `op` with `params` (as `ops list -o json`
+/// writes them), in progress from `from` to `to` (seconds of one minute).
+fn record(id: &str, params: serde_json::Value, from: u32, to: u32) -> serde_json::Value {
+    serde_json::json!({
+        "id": id,
+        "kind": params["op"],
+        "state": "succeeded",
+        "params": params,
+        "created": format!("2026-12-07T17:42:{from:02}Z"),
+        "updated": format!("2026-12-07T17:42:{to:02}Z"),
+        "steps": [],
+        "facts": {},
+    })
+}
+
+fn apply_params() -> serde_json::Value {
+    serde_json::json!({"allow_issuer_change": [], "allow_reboot": false, "check": null,
+        "config_path": "/tmp/apply.yaml", "expect_change": ["machine.certSANs"],
+        "kube_check": true, "nodes": ["127.0.0.12"], "op": "apply",
+        "reboot_timeout_ms": 600000, "try_timeout_ms": 60000, "vip_check": true})
+}
+
+fn i5(operator: Vec<serde_json::Value>, second: Vec<serde_json::Value>) -> Vec<&'static str> {
+    let name_of = |address: &str| Some(address.to_string());
+    let known = Known {
+        ours: vec![OPERATOR.into(), PREPARATION.into()],
+        name_of: &name_of,
+    };
+    let gathered = Gathered {
+        faults: Vec::new(),
+        procs: Vec::new(),
+        operator,
+        second,
+        ledger: Vec::new(),
+        bound: Duration::from_secs(60),
+        overran: Vec::new(),
+        unreadable: Vec::new(),
+    };
+    let found = check(&known, &gathered);
+    found
+        .iter()
+        .filter(|v| v.invariant == "I5")
+        .map(|v| v.invariant)
+        .collect()
+}
+
+/// Two applies of two hosts at once break I5; a snapshot (read-only, no
+/// cluster lock by design) beside an apply does not, nor do two applies
+/// one after the other.
+#[test]
+fn i5_counts_the_operations_that_may_change_the_cluster() {
+    let apply = |id, from, to| record(id, apply_params(), from, to);
+    let snapshot = serde_json::json!({"dir": null, "keep": null, "op": "snapshot"});
+    assert_eq!(
+        i5(vec![apply("a", 10, 30)], vec![apply("b", 20, 25)]),
+        ["I5"]
+    );
+    assert_eq!(
+        i5(
+            vec![apply("a", 10, 30)],
+            vec![record("s", snapshot, 20, 21)]
+        ),
+        Vec::<&str>::new()
+    );
+    assert_eq!(
+        i5(vec![apply("a", 10, 20)], vec![apply("b", 21, 25)]),
+        Vec::<&str>::new()
+    );
+}

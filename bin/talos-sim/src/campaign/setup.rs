@@ -122,17 +122,21 @@ impl World {
     }
 
     /// The control-plane configuration the runs use (joins, applies):
-    /// the simulator's, with the service-account key under
-    /// `cluster.serviceAccount` on 1.14 too (whose profile leaves it out,
-    /// so that its API servers would not start), applied to every
+    /// the simulator's; where a 1.14 one carries no service-account key
+    /// (neither a `KubeServiceAccountConfig` document nor
+    /// `cluster.serviceAccount`, so that its API servers would not start),
+    /// with the key under `cluster.serviceAccount`, applied to every
     /// control-plane node there first.
     async fn write_controlplane(&self) -> Result<(), SetupError> {
         let dir = self.cluster.dir();
         let read =
             |p: PathBuf| std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()));
         let mut config = read(dir.join("controlplane.yaml"))?;
+        let has_key = config.contains("kind: KubeServiceAccountConfig")
+            || config.contains("  serviceAccount:\n");
         if self.cluster.config().talos_version.at_least_1_14()
             && self.cluster.config().kube_apiserver.is_some()
+            && !has_key
         {
             use base64::Engine as _;
             let key = read(dir.join("pki/service-account.key"))?;

@@ -266,6 +266,11 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// How long after an answered reboot Talos may still look as before (its
+/// reboot sequence starts asynchronously): a resumed upgrade watches the
+/// node that long before it believes the release it answers.
+const REBOOT_STARTS_WITHIN: Duration = Duration::from_secs(5);
+
 impl Ops {
     /// Plans an upgrade: the image's release, the cluster read (every
     /// voter healthy, no learner, lists agreeing, no alarm), each node's
@@ -519,11 +524,12 @@ impl Ops {
     }
 
     /// The release node `address` runs once it answers and is not on its
-    /// way down: a reboot sent before a crash goes on asynchronously (the
-    /// node answers for a moment with its old release while its machine
-    /// status says `rebooting`, or its status no longer answers), so that
-    /// is waited out, within `limit`.
-    /// Stages as upstream's `MachineStage` names them (machine.proto).
+    /// way down, watched [`REBOOT_STARTS_WITHIN`] for a reboot to begin: a
+    /// reboot sent before a crash goes on asynchronously (the node answers
+    /// for a moment with its old release and its machine status running,
+    /// then says `rebooting`, then stops answering), so that is waited out,
+    /// within `limit`. Stages as upstream's `MachineStage` names them
+    /// (machine.proto).
     async fn settled_version(
         &self,
         address: &str,
@@ -532,6 +538,11 @@ impl Ops {
     ) -> Result<String, OpsError> {
         const GOING_DOWN: [&str; 3] = ["rebooting", "shutting down", "upgrading"];
         let until = Instant::now() + limit;
+        // Talos starts the reboot sequence a moment after it answers the
+        // call: until then the node looks as it did before. It is watched
+        // that long for a sign of it before what it answers is believed.
+        let watch = Instant::now() + REBOOT_STARTS_WITHIN;
+        let mut went_down = false;
         loop {
             let version = self
                 .answering_version(
@@ -542,22 +553,24 @@ impl Ops {
                 .await?;
             let node = self.client.node(address);
             let stage = node.resources().machine_status().await.map(|s| s.stage);
-            let late = Instant::now() >= until;
+            let now = Instant::now();
             match stage {
                 Ok(stage) if GOING_DOWN.contains(&stage.as_str()) => {
-                    if late {
+                    went_down = true;
+                    if now >= until {
                         return Err(OpsError::step(
                             step,
                             format!("{address} is still {stage} after {} s", limit.as_secs()),
                         ));
                     }
                 }
-                Ok(_) => return Ok(version),
+                Ok(_) if went_down || now >= watch => return Ok(version),
+                Ok(_) => {}
                 // Gone between the two reads (on its way down), or a status
                 // it does not serve: what answered is all there is to go on
                 // once the time is up.
-                Err(_) if late => return Ok(version),
-                Err(_) => {}
+                Err(_) if now >= until => return Ok(version),
+                Err(_) => went_down = true,
             }
             OpsError::poll_stop(&self.stop)?;
             tokio::time::sleep(POLL).await;

@@ -104,7 +104,12 @@ async fn drain<T>(mut streams: SelectAll<Labelled<T>>, mut each: impl FnMut(&str
     tokio::pin!(interrupted);
     let mut failed = 0;
     loop {
+        // Ctrl-C's handler is installed when its future is first polled:
+        // polled first, it is there before the first line is printed (a
+        // stream ready at once could otherwise win every turn, and a
+        // Ctrl-C then ended the process by the default action, no exit 0).
         tokio::select! {
+            biased;
             _ = &mut interrupted => break,
             item = streams.next() => match item {
                 None => break,

@@ -197,7 +197,14 @@ async fn a_membership_change_right_after_the_leader_leaves_is_one_call_as_on_tal
         .find(|ip| *ip != leader_ip)
         .unwrap();
     let id = leader.etcd_status().await.unwrap().member_id;
-    leader.etcd_leave_cluster().await.unwrap();
+    // On a loaded machine etcd's removal of its leader alone can take
+    // longer than the client's default 30 s call deadline.
+    client
+        .with_call_timeout(Duration::from_secs(120))
+        .node(leader_ip.as_str())
+        .etcd_leave_cluster()
+        .await
+        .unwrap();
     wait_for(
         "a survivor to apply the removal",
         Duration::from_secs(20),

@@ -2,7 +2,7 @@
 //! simulated cluster, one operation run through the real `talosctl-rs ops`
 //! binary (or `talos-opsd`), and faults at random instants; after it, the
 //! invariants are checked against the cluster's ledger (ground truth) and
-//! the journals (see [`check`]). `talos-sim campaign` runs it; a run
+//! the journals (`check.rs`). `talos-sim campaign` runs it; a run
 //! replays exactly from its seed and number (the same draws).
 
 mod check;

@@ -548,22 +548,26 @@ pub fn plan_to_proto(plan: &Plan) -> proto::Plan {
     }
 }
 
+/// Planned steps as a plan shows them.
+fn step_views(steps: Vec<proto::PlannedStep>) -> Vec<PlanStepView> {
+    steps
+        .into_iter()
+        .map(|s| PlanStepView {
+            node: opt(&s.node).map(str::to_string),
+            name: s.name,
+            description: s.description,
+            destructive: s.destructive,
+        })
+        .collect()
+}
+
 impl From<proto::Plan> for PlanView {
     fn from(plan: proto::Plan) -> PlanView {
         let parse = |text: &str| serde_json::from_str(text).unwrap_or_default();
         PlanView {
             kind: plan.kind,
             spec: parse(&plan.spec_json),
-            steps: plan
-                .steps
-                .into_iter()
-                .map(|s| PlanStepView {
-                    node: opt(&s.node).map(str::to_string),
-                    name: s.name,
-                    description: s.description,
-                    destructive: s.destructive,
-                })
-                .collect(),
+            steps: step_views(plan.steps),
             notes: plan.notes,
             facts: parse(&plan.facts_json),
             fingerprint: plan.fingerprint,
@@ -581,16 +585,7 @@ impl From<proto::ResumePlan> for PlanView {
         PlanView {
             kind: operation.kind,
             spec: parse(&operation.params_json),
-            steps: plan
-                .steps
-                .into_iter()
-                .map(|s| PlanStepView {
-                    node: opt(&s.node).map(str::to_string),
-                    name: s.name,
-                    description: s.description,
-                    destructive: s.destructive,
-                })
-                .collect(),
+            steps: step_views(plan.steps),
             notes: plan.notes,
             facts: parse(&operation.facts_json),
             fingerprint: plan.fingerprint,

@@ -70,7 +70,9 @@ _slowest_tests() {
 		grep -o '<testcase [^>]*>' "$junit" |
 			sed -n 's/.*name="\([^"]*\)".*classname="\([^"]*\)".*time="\([^"]*\)".*/\3\t\2\t\1/p' |
 			awk -F'\t' -v p="$profile" '{ printf "%8.1f s  %s%s  %s\n", $1, $2, (p == "default" ? "" : " [" p "]"), $3 }'
-	done | sort -rn | head -n "${1:-10}"
+	done | sort -rn | awk -v n="${1:-10}" 'NR <= n'
+	# (awk reads to the end: `head` would close the pipe early, and sort's
+	# SIGPIPE under pipefail ended the summary, and the run, with 141.)
 }
 
 # Tests run by nextest, from its JUnit reports' totals.

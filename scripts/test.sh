@@ -10,8 +10,7 @@
 #     own process, many at a time (.config/nextest.toml); beside them the
 #     apply, health and migrate tests on Talos's own schedules; and, niced,
 #     clippy, the published crates' packages and docs, the doc tests, the
-#     library alone and its dependency rules, and the peak-memory checks in
-#     one release build;
+#     library alone and its dependency rules;
 #  4. that the shipped binaries hold no test hook.
 # A timing summary ends every run, also a failing one.
 set -euo pipefail
@@ -94,10 +93,6 @@ cpu_checks() {
 	# nextest does not run doc tests.
 	phase doc-tests cargo test "${features[@]}" --doc || status=1
 	phase library-alone library_alone || status=1
-	# Peak-memory checks measure the optimised code that users run: only a
-	# release build has them as tests, one build for the three.
-	phase memory-release cargo test --locked --release -p talos-client --features backup \
-		--test snapshot_memory --test client_snapshot_memory --test backup_memory || status=1
 	return "$status"
 }
 

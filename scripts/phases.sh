@@ -106,6 +106,17 @@ phases_summary() {
 			echo "slowest tests (nextest JUnit, target/nextest/*/junit.xml):"
 			echo "$slowest"
 		fi
+		# The errors of background phases, whose whole logs scroll far
+		# above: the first lines that name one, per log.
+		local log errors
+		for log in "$PHASES_DIR"/*.log; do
+			[ -f "$log" ] || continue
+			errors=$(grep -E '^(error|warning: build failed)|panicked at|^ +FAIL ' "$log" | awk 'NR <= 12' || true)
+			if [ -n "$errors" ]; then
+				echo "errors in $log:"
+				echo "$errors"
+			fi
+		done
 		cat "$PHASES_DIR/load"
 		echo "load at end:   $(uptime)"
 		echo "disk: $(du -sh target 2>/dev/null | cut -f1) in target/"

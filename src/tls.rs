@@ -322,6 +322,19 @@ pub fn parse_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError>
     }
 }
 
+/// The roles Talos grants (pkg/machinery/role/role.go, `role.All`): the
+/// organisation values of a client certificate that mean something to a
+/// node. Others are kept in a certificate but grant nothing.
+pub const KNOWN_ROLES: &[&str] = &[
+    "os:admin",
+    "os:operator",
+    "os:reader",
+    "os:etcd:backup",
+    "os:image:verifier",
+    "os:meta:writer",
+    "os:impersonator",
+];
+
 /// What a Talos client certificate says about its holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -22,6 +22,7 @@
 //! ...) are never retried.
 
 mod apply_reset;
+mod client_config;
 mod data_stream;
 mod error;
 mod etcd;
@@ -48,6 +49,7 @@ use tonic::transport::Channel;
 pub use apply_reset::{
     ApplyMode, ApplyRequest, ApplyResult, RebootMode, ResetRequest, UnknownVariant, WipeMode,
 };
+pub use client_config::GeneratedConfig;
 pub use error::{ConnectAttempt, Error, Failure};
 pub use etcd::{AlarmType, ByteStream, EtcdMember, EtcdMemberStatus, MemberAlarm, MemberId};
 pub use node_streams::{
@@ -445,6 +447,15 @@ impl Client<One> {
     pub async fn machine_service(&self) -> Result<MachineServiceClient<Transport>> {
         let (_, transport, _) = self.transport(&self.target, None).await?;
         Ok(machine_stub(transport))
+    }
+
+    /// The transport the generated stubs use, addressing this client's
+    /// target: for a call this crate has no stub for, through
+    /// `tonic::client::Grpc::new(transport)`. Requests get no deadline and
+    /// are never retried.
+    pub async fn grpc_transport(&self) -> Result<Transport> {
+        let (_, transport, _) = self.transport(&self.target, None).await?;
+        Ok(transport)
     }
 
     /// The generated `cluster.ClusterService` stub (see

@@ -84,6 +84,7 @@ talos_response! {
     machine::EtcdAlarmDisarmResponse => machine::EtcdAlarmDisarm,
     machine::EtcdDefragmentResponse => machine::EtcdDefragment,
     machine::EtcdStatusResponse => machine::EtcdStatus,
+    machine::GenerateClientConfigurationResponse => machine::GenerateClientConfiguration,
     machine::HostnameResponse => machine::Hostname,
     machine::RebootResponse => machine::Reboot,
     machine::UpgradeResponse => machine::Upgrade,

@@ -1,6 +1,15 @@
-//! Roles and permissions, as apid and machined apply them.
+//! Roles and permissions, as apid and machined apply them: the front
+//! checks every call it answers against [`crate::rules`] before any
+//! handler runs, and remembers who called what (see [`CallLog`]).
 
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
 use tonic::Status;
+
+use crate::rules::{ADMIN, permits};
+pub(crate) use crate::rules::{IMPERSONATOR, READER};
 
 /// The roles a request was authenticated with, placed in the request's
 /// extensions by the front.
@@ -13,34 +22,6 @@ impl CallerRoles {
     }
 }
 
-const ADMIN: &str = "os:admin";
-const OPERATOR: &str = "os:operator";
-pub(crate) const READER: &str = "os:reader";
-const ETCD_BACKUP: &str = "os:etcd:backup";
-/// Lets a peer apid pass on the roles of the original caller.
-pub(crate) const IMPERSONATOR: &str = "os:impersonator";
-
-/// The roles allowed to call `method` (a gRPC path), mirroring the rule table
-/// in siderolabs/talos internal/app/machined/pkg/system/services/machined.go.
-/// Methods not listed are admin-only.
-fn allowed(method: &str) -> &'static [&'static str] {
-    match method.rsplit('/').next().unwrap_or_default() {
-        "EtcdSnapshot" => &[ADMIN, OPERATOR, ETCD_BACKUP],
-        "EtcdMemberList" | "EtcdStatus" | "EtcdAlarmList" => {
-            &[ADMIN, OPERATOR, READER, ETCD_BACKUP]
-        }
-        "EtcdAlarmDisarm" | "EtcdDefragment" | "Reboot" | "Shutdown" | "ServiceStart"
-        | "ServiceStop" | "ServiceRestart" => &[ADMIN, OPERATOR],
-        // ImageService.Pull.
-        "Pull" => &[ADMIN, OPERATOR],
-        "Version" | "Hostname" | "ServiceList" | "HealthCheck" | "Events" | "Logs" | "Dmesg"
-        | "Containers" | "List" => &[ADMIN, OPERATOR, READER],
-        // Readers only in maintenance mode, which the handler checks.
-        "ApplyConfiguration" => &[ADMIN, READER],
-        _ => &[ADMIN],
-    }
-}
-
 /// Whether the caller holds the admin role.
 pub(crate) fn is_admin<T>(request: &tonic::Request<T>) -> bool {
     request
@@ -50,16 +31,62 @@ pub(crate) fn is_admin<T>(request: &tonic::Request<T>) -> bool {
 }
 
 /// Fails with PermissionDenied ("not authorized", as upstream's authorizer)
-/// unless the caller holds a role allowed for `method`.
-pub(crate) fn authorize<T>(request: &tonic::Request<T>, method: &str) -> Result<(), Status> {
-    let roles = request
-        .extensions()
-        .get::<CallerRoles>()
-        .cloned()
-        .unwrap_or_default();
-    if allowed(method).iter().any(|r| roles.has(r)) {
+/// unless `roles` include one the rule table allows for `path` on a node
+/// of `version`.
+pub(crate) fn authorize(
+    roles: &[String],
+    path: &str,
+    version: crate::TalosVersion,
+) -> Result<(), Status> {
+    if permits(roles, path, version) {
         Ok(())
     } else {
         Err(Status::permission_denied("not authorized"))
+    }
+}
+
+/// One call a node answered (or refused): which node, which method, and the
+/// roles it was judged by (the client certificate's, or those a peer apid
+/// forwarded for the original caller).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallRecord {
+    /// The node that answered.
+    pub node: String,
+    /// The full gRPC path (`/machine.MachineService/EtcdSnapshot`).
+    pub method: String,
+    /// The caller's roles.
+    pub roles: Vec<String>,
+    /// Whether the rule table let it through.
+    pub allowed: bool,
+}
+
+/// The most recent calls of a cluster, oldest first (bounded, so a long
+/// run does not grow without end).
+#[derive(Debug, Default)]
+pub(crate) struct CallLog {
+    calls: Mutex<VecDeque<CallRecord>>,
+}
+
+/// How many calls [`CallLog`] keeps.
+pub(crate) const CALL_LOG_LIMIT: usize = 20_000;
+
+impl CallLog {
+    /// Records one call, dropping the oldest beyond the limit.
+    pub(crate) fn record(&self, call: CallRecord) {
+        let mut calls = self.calls.lock().expect("call log lock");
+        if calls.len() == CALL_LOG_LIMIT {
+            calls.pop_front();
+        }
+        calls.push_back(call);
+    }
+
+    /// The calls kept, oldest first.
+    pub(crate) fn calls(&self) -> Vec<CallRecord> {
+        self.calls
+            .lock()
+            .expect("call log lock")
+            .iter()
+            .cloned()
+            .collect()
     }
 }

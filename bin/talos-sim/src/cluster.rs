@@ -258,6 +258,7 @@ impl Cluster {
             add_lock: tokio::sync::Mutex::new(()),
             stop: tokio_util::sync::CancellationToken::new(),
             ledger: Arc::new(crate::ledger::Ledger::create(&cfg_dir)),
+            calls: crate::auth::CallLog::default(),
         });
         let cluster = Cluster { shared };
         cluster.start_initial_nodes().await?;
@@ -404,6 +405,14 @@ impl Cluster {
             identity.cert_pem.as_bytes(),
             identity.key_pem.as_bytes(),
         ))
+    }
+
+    /// The calls the nodes answered or refused, oldest first, each with the
+    /// roles it was judged by (the most recent
+    /// 20 000): what a test reads to see which identity a client
+    /// presented.
+    pub fn calls(&self) -> Vec<crate::CallRecord> {
+        self.shared.calls.calls()
     }
 
     /// Every node, in order.

@@ -85,6 +85,9 @@ pub enum Request {
         /// What goes wrong.
         fault: UpgradeFault,
     },
+    /// The calls the nodes answered or refused, with the roles each was
+    /// judged by ([`crate::Cluster::calls`]).
+    Calls,
 }
 
 impl Request {
@@ -128,6 +131,11 @@ pub enum Reply {
     },
     /// The fault is armed.
     Armed,
+    /// The calls, oldest first.
+    Calls {
+        /// Each call.
+        calls: Vec<crate::CallRecord>,
+    },
     /// The request failed or was not understood.
     Error {
         /// Why.
@@ -187,6 +195,9 @@ async fn carry_out(shared: &std::sync::Arc<Shared>, request: Request) -> Reply {
         },
         Request::Nodes => Reply::Nodes {
             nodes: shared.node_infos(),
+        },
+        Request::Calls => Reply::Calls {
+            calls: shared.calls.calls(),
         },
         Request::FailNextSnapshot { node, after_bytes } => match shared.find(&node) {
             Some(n) => {

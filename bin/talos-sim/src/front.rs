@@ -21,7 +21,7 @@ use tonic::server::NamedService;
 use tonic::{Code, Status};
 use tower::ServiceExt as _;
 
-use super::auth::{CallerRoles, IMPERSONATOR, READER};
+use super::auth::{CallRecord, CallerRoles, IMPERSONATOR, READER, authorize};
 use super::go_errors;
 use super::machined::Machined;
 use super::proxy::{self, MethodKind};
@@ -92,6 +92,27 @@ impl NamedService for Front<ImageName> {
 
 impl NamedService for Front<LifecycleName> {
     const NAME: &'static str = "machine.LifecycleService";
+}
+
+/// Registers the front under a service machined serves whose calls the
+/// simulator does not simulate: each call is judged by the rule table
+/// first, as on a Talos node, then answered Unimplemented.
+macro_rules! unsimulated_service {
+    ($($marker:ident => $name:literal),* $(,)?) => {$(
+        #[doc = concat!("Registers the front as `", $name, "` (not simulated).")]
+        pub(crate) struct $marker;
+
+        impl NamedService for Front<$marker> {
+            const NAME: &'static str = $name;
+        }
+    )*};
+}
+
+unsimulated_service! {
+    StorageName => "storage.StorageService",
+    TimeName => "time.TimeService",
+    InspectName => "inspect.InspectService",
+    DebugName => "machine.DebugService",
 }
 
 impl<S: Send + 'static> tower::Service<http::Request<Body>> for Front<S> {
@@ -192,16 +213,42 @@ fn adopt_forwarded_caller(request: &mut http::Request<Body>) {
     }
 }
 
-/// Answers on this node: machined checks the roles. A call the ledger
-/// records is recorded here, where it is handled, and everything it
-/// causes carries it. Boxed, so that the futures holding it stay small
-/// (every forwarded call moves one).
+/// The services machined registers: a call to any of their methods is
+/// judged by the rule table before anything else, as machined's authorizer
+/// interceptor judges it (a method it serves or not); a call to any other
+/// service is unknown to the server, which answers Unimplemented first.
+const AUTHORIZED_SERVICES: &[&str] = &[
+    "/machine.",
+    "/cluster.",
+    "/cosi.resource.",
+    "/storage.",
+    "/time.",
+    "/inspect.",
+];
+
+/// Answers on this node once the caller's roles pass the rule table (the
+/// call is logged either way; a refused call reaches no handler and is no
+/// call in the ledger). A call the ledger records is recorded here, where it
+/// is handled, and everything it causes carries it. Boxed, so that the
+/// futures holding it stay small (every forwarded call moves one).
 fn local(
     machined: &Machined,
     request: http::Request<Body>,
     roles: Vec<String>,
 ) -> BoxFuture<'static, http::Response<Body>> {
     let path = request.uri().path().to_string();
+    if AUTHORIZED_SERVICES.iter().any(|s| path.starts_with(s)) {
+        let verdict = authorize(&roles, &path, machined.node.talos_version());
+        machined.shared.calls.record(CallRecord {
+            node: machined.node.name.clone(),
+            method: path.clone(),
+            roles: roles.clone(),
+            allowed: verdict.is_ok(),
+        });
+        if let Err(status) = verdict {
+            return Box::pin(async move { status.into_http() });
+        }
+    }
     let Some(kind) = CallKind::of_method(&path) else {
         return answer_here(machined, request, roles);
     };
@@ -453,6 +500,10 @@ pub(crate) struct Services {
     pub cluster: Front<ClusterName>,
     pub image: Front<ImageName>,
     pub lifecycle: Front<LifecycleName>,
+    pub storage: Front<StorageName>,
+    pub time: Front<TimeName>,
+    pub inspect: Front<InspectName>,
+    pub debug: Front<DebugName>,
 }
 
 /// The front services for one node, sharing its machined.
@@ -461,6 +512,10 @@ pub(crate) fn services(machined: Machined) -> Services {
         machine: Front::new(machined.clone()),
         cluster: Front::new(machined.clone()),
         image: Front::new(machined.clone()),
-        lifecycle: Front::new(machined),
+        lifecycle: Front::new(machined.clone()),
+        storage: Front::new(machined.clone()),
+        time: Front::new(machined.clone()),
+        inspect: Front::new(machined.clone()),
+        debug: Front::new(machined),
     }
 }

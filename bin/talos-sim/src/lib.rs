@@ -30,6 +30,7 @@
 pub mod api;
 mod auth;
 pub mod campaign;
+mod client_config;
 pub mod cluster;
 mod config_schema;
 pub mod control;
@@ -66,6 +67,7 @@ mod maintenance;
 pub mod node;
 pub mod pki;
 mod proxy;
+pub mod rules;
 mod runtime_validate;
 pub mod serve;
 mod shared;
@@ -80,6 +82,7 @@ use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use auth::CallRecord;
 pub use cluster::{Cluster, NodeInfo};
 pub use kubeprism::KubePrismUpstream;
 pub use upgrade_state::UpgradeFault;

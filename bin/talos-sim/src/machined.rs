@@ -7,7 +7,6 @@ use std::time::{Duration, SystemTime};
 
 use tonic::{Request, Response, Status};
 
-use super::auth::authorize;
 use super::machined_control as control;
 use super::machined_etcd as etcd;
 use super::node::{Action, Node, system_volumes};
@@ -194,9 +193,8 @@ impl Machined {
 impl MachineService for Machined {
     async fn version(
         &self,
-        request: Request<()>,
+        _request: Request<()>,
     ) -> Result<Response<machine::VersionResponse>, Status> {
-        authorize(&request, "Version")?;
         one(machine::VersionResponse {
             messages: vec![machine::Version {
                 metadata: None,
@@ -224,11 +222,17 @@ impl MachineService for Machined {
         })
     }
 
+    async fn generate_client_configuration(
+        &self,
+        request: Request<machine::GenerateClientConfigurationRequest>,
+    ) -> Result<Response<machine::GenerateClientConfigurationResponse>, Status> {
+        crate::client_config::generate(&self.node, request.into_inner()).map(Response::new)
+    }
+
     async fn hostname(
         &self,
-        request: Request<()>,
+        _request: Request<()>,
     ) -> Result<Response<machine::HostnameResponse>, Status> {
-        authorize(&request, "Hostname")?;
         one(machine::HostnameResponse {
             messages: vec![machine::Hostname {
                 metadata: None,
@@ -239,9 +243,8 @@ impl MachineService for Machined {
 
     async fn service_list(
         &self,
-        request: Request<()>,
+        _request: Request<()>,
     ) -> Result<Response<machine::ServiceListResponse>, Status> {
-        authorize(&request, "ServiceList")?;
         // The services of a Talos node, sorted by id as machined lists them
         // (internal/app/machined/pkg/system/system.go, List): etcd and
         // trustd run on control-plane nodes only.
@@ -277,7 +280,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::ApplyConfigurationRequest>,
     ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
-        authorize(&request, "ApplyConfiguration")?;
         self.apply_configuration_call(request).await
     }
 
@@ -285,7 +287,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::ResetRequest>,
     ) -> Result<Response<machine::ResetResponse>, Status> {
-        authorize(&request, "Reset")?;
         let request = request.into_inner();
         let targets = self.reset_targets(&request)?;
         let actor = actor_id();
@@ -307,9 +308,8 @@ impl MachineService for Machined {
 
     async fn reboot(
         &self,
-        request: Request<machine::RebootRequest>,
+        _request: Request<machine::RebootRequest>,
     ) -> Result<Response<machine::RebootResponse>, Status> {
-        authorize(&request, "Reboot")?;
         let actor = actor_id();
         self.node.queue(Action::Reboot {
             actor: actor.clone(),
@@ -331,9 +331,8 @@ impl MachineService for Machined {
 
     async fn shutdown(
         &self,
-        request: Request<machine::ShutdownRequest>,
+        _request: Request<machine::ShutdownRequest>,
     ) -> Result<Response<machine::ShutdownResponse>, Status> {
-        authorize(&request, "Shutdown")?;
         self.node.queue(Action::PowerOff);
         one(machine::ShutdownResponse {
             messages: vec![machine::Shutdown {
@@ -347,7 +346,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::BootstrapRequest>,
     ) -> Result<Response<machine::BootstrapResponse>, Status> {
-        authorize(&request, "Bootstrap")?;
         self.node.check_controlplane("bootstrap")?;
         let request = request.into_inner();
         etcd::bootstrap(
@@ -365,7 +363,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::EtcdMemberListRequest>,
     ) -> Result<Response<machine::EtcdMemberListResponse>, Status> {
-        authorize(&request, "EtcdMemberList")?;
         let members =
             etcd::member_list(&self.node, &self.shared, request.get_ref().query_local).await?;
         one(machine::EtcdMemberListResponse {
@@ -377,7 +374,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::EtcdRemoveMemberByIdRequest>,
     ) -> Result<Response<machine::EtcdRemoveMemberByIdResponse>, Status> {
-        authorize(&request, "EtcdRemoveMemberByID")?;
         etcd::remove_member_by_id(&self.node, &self.shared, request.get_ref().member_id).await?;
         one(machine::EtcdRemoveMemberByIdResponse {
             messages: vec![machine::EtcdRemoveMemberById { metadata: None }],
@@ -386,9 +382,8 @@ impl MachineService for Machined {
 
     async fn etcd_leave_cluster(
         &self,
-        request: Request<machine::EtcdLeaveClusterRequest>,
+        _request: Request<machine::EtcdLeaveClusterRequest>,
     ) -> Result<Response<machine::EtcdLeaveClusterResponse>, Status> {
-        authorize(&request, "EtcdLeaveCluster")?;
         match self.node.take_leave_delay() {
             // The armed fault: the removal runs on its own, so it lands
             // after the delay even when the caller has given up.
@@ -411,9 +406,8 @@ impl MachineService for Machined {
 
     async fn etcd_forfeit_leadership(
         &self,
-        request: Request<machine::EtcdForfeitLeadershipRequest>,
+        _request: Request<machine::EtcdForfeitLeadershipRequest>,
     ) -> Result<Response<machine::EtcdForfeitLeadershipResponse>, Status> {
-        authorize(&request, "EtcdForfeitLeadership")?;
         let member = etcd::forfeit_leadership(&self.node, &self.shared).await?;
         one(machine::EtcdForfeitLeadershipResponse {
             messages: vec![machine::EtcdForfeitLeadership {
@@ -427,7 +421,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::ReadRequest>,
     ) -> Result<Response<BoxStream<common::Data>>, Status> {
-        authorize(&request, "Read")?;
         let path = request.into_inner().path;
         let bytes = crate::files::read(&self.node, &path)?;
         let chunks: Vec<Result<common::Data, Status>> = bytes
@@ -444,9 +437,8 @@ impl MachineService for Machined {
 
     async fn kubeconfig(
         &self,
-        request: Request<()>,
+        _request: Request<()>,
     ) -> Result<Response<BoxStream<common::Data>>, Status> {
-        authorize(&request, "Kubeconfig")?;
         self.node.check_controlplane("kubeconfig")?;
         if self.node.kubeconfig_withheld() {
             return Err(Status::unknown(
@@ -464,9 +456,8 @@ impl MachineService for Machined {
 
     async fn etcd_snapshot(
         &self,
-        request: Request<machine::EtcdSnapshotRequest>,
+        _request: Request<machine::EtcdSnapshotRequest>,
     ) -> Result<Response<BoxStream<common::Data>>, Status> {
-        authorize(&request, "EtcdSnapshot")?;
         let stream = etcd::snapshot(&self.node).await?;
         Ok(Response::new(Box::pin(stream)))
     }
@@ -475,7 +466,6 @@ impl MachineService for Machined {
         &self,
         request: Request<tonic::Streaming<common::Data>>,
     ) -> Result<Response<machine::EtcdRecoverResponse>, Status> {
-        authorize(&request, "EtcdRecover")?;
         etcd::recover(&self.node, request.into_inner()).await?;
         one(machine::EtcdRecoverResponse {
             messages: vec![machine::EtcdRecover { metadata: None }],
@@ -484,9 +474,8 @@ impl MachineService for Machined {
 
     async fn etcd_alarm_list(
         &self,
-        request: Request<()>,
+        _request: Request<()>,
     ) -> Result<Response<machine::EtcdAlarmListResponse>, Status> {
-        authorize(&request, "EtcdAlarmList")?;
         let member_alarms = etcd::alarm_list(&self.node).await?;
         one(machine::EtcdAlarmListResponse {
             messages: vec![machine::EtcdAlarm {
@@ -498,9 +487,8 @@ impl MachineService for Machined {
 
     async fn etcd_alarm_disarm(
         &self,
-        request: Request<()>,
+        _request: Request<()>,
     ) -> Result<Response<machine::EtcdAlarmDisarmResponse>, Status> {
-        authorize(&request, "EtcdAlarmDisarm")?;
         let member_alarms = etcd::alarm_disarm(&self.node).await?;
         one(machine::EtcdAlarmDisarmResponse {
             messages: vec![machine::EtcdAlarmDisarm {
@@ -512,9 +500,8 @@ impl MachineService for Machined {
 
     async fn etcd_defragment(
         &self,
-        request: Request<()>,
+        _request: Request<()>,
     ) -> Result<Response<machine::EtcdDefragmentResponse>, Status> {
-        authorize(&request, "EtcdDefragment")?;
         etcd::defragment(&self.node).await?;
         one(machine::EtcdDefragmentResponse {
             messages: vec![machine::EtcdDefragment { metadata: None }],
@@ -525,7 +512,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::EventsRequest>,
     ) -> Result<Response<BoxStream<machine::Event>>, Status> {
-        authorize(&request, "Events")?;
         crate::machined_streams::events(&self.node, request.into_inner()).map(Response::new)
     }
 
@@ -533,7 +519,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::LogsRequest>,
     ) -> Result<Response<BoxStream<common::Data>>, Status> {
-        authorize(&request, "Logs")?;
         crate::machined_streams::logs(&self.node, request.into_inner())
             .await
             .map(Response::new)
@@ -543,7 +528,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::DmesgRequest>,
     ) -> Result<Response<BoxStream<common::Data>>, Status> {
-        authorize(&request, "Dmesg")?;
         Ok(Response::new(crate::machined_streams::dmesg(
             &self.node,
             request.into_inner(),
@@ -554,7 +538,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::ContainersRequest>,
     ) -> Result<Response<machine::ContainersResponse>, Status> {
-        authorize(&request, "Containers")?;
         let request = request.into_inner();
         let found = control::containers(&self.node, &request.namespace, request.driver).await?;
         one(machine::ContainersResponse {
@@ -569,7 +552,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::ServiceStartRequest>,
     ) -> Result<Response<machine::ServiceStartResponse>, Status> {
-        authorize(&request, "ServiceStart")?;
         let resp = control::service_action(&self.node, &request.get_ref().id, "start").await?;
         one(machine::ServiceStartResponse {
             messages: vec![machine::ServiceStart {
@@ -583,7 +565,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::ServiceStopRequest>,
     ) -> Result<Response<machine::ServiceStopResponse>, Status> {
-        authorize(&request, "ServiceStop")?;
         let resp = control::service_action(&self.node, &request.get_ref().id, "stop").await?;
         one(machine::ServiceStopResponse {
             messages: vec![machine::ServiceStop {
@@ -597,7 +578,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::ServiceRestartRequest>,
     ) -> Result<Response<machine::ServiceRestartResponse>, Status> {
-        authorize(&request, "ServiceRestart")?;
         let resp = control::service_action(&self.node, &request.get_ref().id, "restart").await?;
         one(machine::ServiceRestartResponse {
             messages: vec![machine::ServiceRestart {
@@ -611,7 +591,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::EtcdDowngradeValidateRequest>,
     ) -> Result<Response<machine::EtcdDowngradeValidateResponse>, Status> {
-        authorize(&request, "EtcdDowngradeValidate")?;
         let version = &request.get_ref().version;
         let cluster_version = control::downgrade(&self.node, Downgrade::Validate, version).await?;
         one(machine::EtcdDowngradeValidateResponse {
@@ -626,7 +605,6 @@ impl MachineService for Machined {
         &self,
         request: Request<machine::EtcdDowngradeEnableRequest>,
     ) -> Result<Response<machine::EtcdDowngradeEnableResponse>, Status> {
-        authorize(&request, "EtcdDowngradeEnable")?;
         let version = &request.get_ref().version;
         let cluster_version = control::downgrade(&self.node, Downgrade::Enable, version).await?;
         one(machine::EtcdDowngradeEnableResponse {
@@ -639,9 +617,8 @@ impl MachineService for Machined {
 
     async fn etcd_downgrade_cancel(
         &self,
-        request: Request<()>,
+        _request: Request<()>,
     ) -> Result<Response<machine::EtcdDowngradeCancelResponse>, Status> {
-        authorize(&request, "EtcdDowngradeCancel")?;
         let cluster_version = control::downgrade(&self.node, Downgrade::Cancel, "").await?;
         one(machine::EtcdDowngradeCancelResponse {
             messages: vec![machine::EtcdDowngradeCancel {
@@ -653,9 +630,8 @@ impl MachineService for Machined {
 
     async fn etcd_status(
         &self,
-        request: Request<()>,
+        _request: Request<()>,
     ) -> Result<Response<machine::EtcdStatusResponse>, Status> {
-        authorize(&request, "EtcdStatus")?;
         let member_status = etcd::status(&self.node).await?;
         one(machine::EtcdStatusResponse {
             messages: vec![machine::EtcdStatus {
@@ -672,7 +648,6 @@ impl ClusterService for Machined {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<BoxStream<HealthCheckProgress>>, Status> {
-        authorize(&request, "HealthCheck")?;
         self.node.check_controlplane("cluster health check")?;
         let request = request.into_inner();
         let shared = self.shared.clone();

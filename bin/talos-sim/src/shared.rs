@@ -74,6 +74,8 @@ pub(crate) struct Shared {
     pub(crate) stop: tokio_util::sync::CancellationToken,
     /// What happened in the cluster (see [`crate::ledger`]).
     pub(crate) ledger: Arc<crate::ledger::Ledger>,
+    /// Who called what, as each node's front judged it.
+    pub(crate) calls: crate::auth::CallLog,
 }
 
 /// What a new node is.

@@ -163,6 +163,10 @@ async fn start_front(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), SimEr
         .add_service(fronts.cluster)
         .add_service(fronts.image)
         .add_service(fronts.lifecycle)
+        .add_service(fronts.storage)
+        .add_service(fronts.time)
+        .add_service(fronts.inspect)
+        .add_service(fronts.debug)
         .add_service(crate::cosi::front(machined));
     tokio::spawn(serve_http2(incoming, routes, token));
     node.set_power(Power::On);

@@ -424,3 +424,128 @@ fn a_closed_stdout_ends_the_process_by_sigpipe() {
     assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `config new` asks a node for a certificate with the roles given: the new
+/// talosconfig (private, with the endpoints in use) reads what its roles
+/// allow and is refused the rest; `config info` shows its roles; a short
+/// lifetime is warned about once by every command; bad input sends nothing.
+#[tokio::test]
+async fn config_new_issues_a_certificate_with_the_roles_asked_for() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let sim = SimCluster::start(3).await;
+    let admin = sim.dir.path().join("talosconfig");
+    let dir = tempfile::tempdir().unwrap();
+    let backup = dir.path().join("backup-talosconfig");
+    let backup_arg = backup.to_str().unwrap();
+    let made = run(
+        &admin,
+        &[
+            "config",
+            "new",
+            "--roles",
+            "os:etcd:backup",
+            "--crt-ttl",
+            "240h",
+            backup_arg,
+        ],
+    )
+    .await
+    .ok();
+    assert!(
+        made.stderr.contains("roles os:etcd:backup"),
+        "{}",
+        made.stderr
+    );
+    let mode = std::fs::metadata(&backup).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "the new talosconfig is private: {mode:o}");
+
+    let info = run(&backup, &["-o", "json", "config", "info"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(
+        info["roles"],
+        serde_json::json!(["os:etcd:backup"]),
+        "{info}"
+    );
+    let admin_info = run(&admin, &["-o", "json", "config", "info"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(info["endpoints"], admin_info["endpoints"], "{info}");
+    // Ten days: within the 30-day warning, said once per command.
+    assert!(
+        info["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("renew it soon")),
+        "{info}"
+    );
+
+    let node = sim.ip(1);
+    let members = run(&backup, &["-n", &node, "etcd", "members"]).await.ok();
+    assert_eq!(
+        members.stderr.matches("renew it soon").count(),
+        1,
+        "one warning per command: {}",
+        members.stderr
+    );
+    let snapshot = dir.path().join("db.snapshot");
+    run(
+        &backup,
+        &["-n", &node, "etcd", "snapshot", snapshot.to_str().unwrap()],
+    )
+    .await
+    .ok();
+    assert!(std::fs::metadata(&snapshot).unwrap().len() > 0);
+    // A leave needs os:admin: refused, and the member stays.
+    let leave = run(&backup, &["-n", &node, "etcd", "leave"]).await;
+    assert_ne!(leave.code, 0, "{}", leave.stdout);
+    assert!(
+        leave.stderr.contains("PermissionDenied") || leave.stderr.contains("not authorized"),
+        "{}",
+        leave.stderr
+    );
+    let members = sim
+        .admin()
+        .node(node.clone())
+        .etcd_member_list(false)
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 3, "{members:?}");
+    // Only os:admin may issue certificates.
+    let again = dir.path().join("from-backup");
+    let refused = run(&backup, &["config", "new", again.to_str().unwrap()]).await;
+    assert_ne!(refused.code, 0);
+    assert!(!again.exists());
+
+    // Bad input: an unknown role, an existing file, a zero lifetime.
+    let other = dir.path().join("other");
+    let unknown = run(
+        &admin,
+        &[
+            "config",
+            "new",
+            "--roles",
+            "os:nonsense",
+            other.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(unknown.code, 2, "{}", unknown.stderr);
+    assert!(unknown.stderr.contains("os:nonsense"), "{}", unknown.stderr);
+    let exists = run(&admin, &["config", "new", backup_arg]).await;
+    assert_ne!(exists.code, 0);
+    assert!(
+        exists.stderr.contains("already exists"),
+        "{}",
+        exists.stderr
+    );
+    let zero = run(
+        &admin,
+        &["config", "new", "--crt-ttl", "0s", other.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(zero.code, 2, "{}", zero.stderr);
+    assert!(!other.exists());
+}

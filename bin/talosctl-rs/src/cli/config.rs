@@ -12,10 +12,35 @@ use time::OffsetDateTime;
 use super::table::Table;
 use super::{Global, Output, print_structured};
 
+/// `--crt-ttl`: a Go duration above zero.
+fn crt_ttl(text: &str) -> Result<std::time::Duration, String> {
+    let ttl = talos_client::input::duration("--crt-ttl", text, talos_client::input::Units::Go)
+        .map_err(|e| e.reason)?;
+    if ttl.is_zero() {
+        return Err("the certificate's lifetime must be above zero".into());
+    }
+    Ok(ttl)
+}
+
 #[derive(Subcommand)]
 pub enum ConfigCommand {
     /// Show information about the current context.
     Info,
+    /// Generate a new client configuration file: a node issues a client
+    /// certificate with the given roles from the cluster's OS CA (needs
+    /// os:admin; Talos's MachineService.GenerateClientConfiguration).
+    New {
+        /// Where to write it (refused if it exists).
+        #[arg(default_value = "talosconfig")]
+        path: std::path::PathBuf,
+        /// The roles of the new certificate (os:admin, os:operator,
+        /// os:reader, os:etcd:backup, ...).
+        #[arg(long, value_delimiter = ',', default_value = "os:admin")]
+        roles: Vec<String>,
+        /// How long the certificate is valid (default 8760h).
+        #[arg(long, value_parser = crt_ttl, default_value = "8760h")]
+        crt_ttl: std::time::Duration,
+    },
     /// List defined contexts.
     #[command(alias = "get-contexts")]
     Contexts,
@@ -57,9 +82,14 @@ pub enum ConfigCommand {
     },
 }
 
-pub fn run(global: &Global, command: ConfigCommand) -> anyhow::Result<()> {
+pub async fn run(global: &Global, command: ConfigCommand) -> anyhow::Result<()> {
     match command {
         ConfigCommand::Info => info(global),
+        ConfigCommand::New {
+            path,
+            roles,
+            crt_ttl,
+        } => new(global, &path, &roles, crt_ttl).await,
         ConfigCommand::Contexts => contexts(global),
         ConfigCommand::Context { name } => use_context(global, &name),
         ConfigCommand::Merge { from } => merge(global, &from),
@@ -90,6 +120,60 @@ pub fn run(global: &Global, command: ConfigCommand) -> anyhow::Result<()> {
             Ok(())
         }),
     }
+}
+
+/// `config new`: as talosctl's, unknown roles and an existing file refused
+/// before anything is sent; the new context gets the endpoints in use.
+async fn new(
+    global: &Global,
+    path: &std::path::Path,
+    roles: &[String],
+    ttl: std::time::Duration,
+) -> anyhow::Result<()> {
+    let unknown: Vec<&str> = roles
+        .iter()
+        .map(|r| r.trim())
+        .filter(|r| !r.is_empty() && !talos_client::tls::KNOWN_ROLES.contains(r))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(super::Usage(format!(
+            "--roles: unknown roles: {} (known: {})",
+            unknown.join(", "),
+            talos_client::tls::KNOWN_ROLES.join(", ")
+        ))
+        .into());
+    }
+    if path.exists() {
+        anyhow::bail!(
+            "talosconfig file already exists: {:?}",
+            path.display().to_string()
+        );
+    }
+    let context = global.resolve()?;
+    let (client, _) = global.connect_one("config new")?;
+    let generated = client.generate_client_configuration(roles, ttl).await?;
+    let mut config = TalosConfig::from_yaml(generated.talosconfig_yaml(), path)
+        .context("the node's talosconfig")?;
+    let name = config.context.clone();
+    let new_context = config
+        .contexts
+        .get_mut(&name)
+        .context("the node's talosconfig has no current context")?;
+    new_context.endpoints = context.endpoints.clone();
+    config.save(&ConfigPath::new(path.to_path_buf()))?;
+    let info = talos_client::tls::Credentials::from_pem(
+        generated.ca_pem.clone(),
+        generated.crt_pem.clone(),
+        generated.key_pem().to_vec(),
+    )
+    .certificate_info()?;
+    eprintln!(
+        "talosconfig saved to {} (context {name:?}, roles {}, certificate expires {})",
+        path.display(),
+        info.roles.join(", "),
+        info.not_after.date()
+    );
+    Ok(())
 }
 
 /// Checks every endpoint as the client would read it, then sets them.
@@ -189,24 +273,40 @@ fn relative(then: OffsetDateTime, now: OffsetDateTime) -> String {
     format!("{text} {suffix}")
 }
 
+/// A client certificate expiring within this is warned about, by `config
+/// info` and once by every command that connects.
+pub const EXPIRY_WARNING: time::Duration = time::Duration::days(30);
+
+/// What to say about a client certificate that expired or expires within
+/// [`EXPIRY_WARNING`] of `now`; nothing otherwise.
+pub fn expiry_warning(
+    cert: &talos_client::tls::CertificateInfo,
+    now: OffsetDateTime,
+) -> Option<String> {
+    let remaining = cert.not_after - now;
+    let date = cert.not_after.date();
+    let roles = cert.roles.join(",");
+    if remaining.is_negative() {
+        Some(format!(
+            "the client certificate expired {} ({date}); Talos will refuse it: issue a new talosconfig (an admin runs `talosctl-rs config new --roles {roles} PATH`)",
+            relative(cert.not_after, now)
+        ))
+    } else if remaining < EXPIRY_WARNING {
+        Some(format!(
+            "the client certificate expires {} ({date}); renew it soon (an admin runs `talosctl-rs config new --roles {roles} PATH`)",
+            relative(cert.not_after, now)
+        ))
+    } else {
+        None
+    }
+}
+
 fn info(global: &Global) -> anyhow::Result<()> {
     let context = global.resolve()?;
     let now = OffsetDateTime::now_utc();
     let cert = context.credentials.certificate_info()?;
-    let mut warnings = Vec::new();
-    let remaining = cert.not_after - now;
+    let mut warnings: Vec<String> = expiry_warning(&cert, now).into_iter().collect();
     let date = cert.not_after.date().to_string();
-    if remaining.is_negative() {
-        warnings.push(format!(
-            "the client certificate expired {} ({date}); Talos will refuse it: issue a new talosconfig",
-            relative(cert.not_after, now)
-        ));
-    } else if remaining.whole_days() < 30 {
-        warnings.push(format!(
-            "the client certificate expires {} ({date}); renew it soon",
-            relative(cert.not_after, now)
-        ));
-    }
     if !cert.client_auth_only {
         warnings.push(
             "the client certificate's extended key usage is not exactly ClientAuth; current Talos releases refuse it".into(),

@@ -158,7 +158,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let global = cli.global;
     match cli.command {
         Command::Version(args) => misc::version(&global, args).await,
-        Command::Config(command) => config::run(&global, command),
+        Command::Config(command) => config::run(&global, command).await,
         Command::Etcd(command) => etcd::run(&global, command).await,
         Command::Get(args) => get::run(&global, args).await,
         Command::ApplyConfig(args) => apply::run(&global, args).await,
@@ -202,6 +202,7 @@ impl Global {
     /// given; none means the endpoint node answers).
     pub fn connect(&self) -> anyhow::Result<(Client, Vec<String>)> {
         let context = self.resolve()?;
+        warn_expiry_once(&context);
         // Leave and reset can take minutes on a busy cluster; talosctl sets
         // no deadline at all. Unreachable endpoints still fail fast.
         let client = Client::builder_from_context(&context)
@@ -249,6 +250,28 @@ impl Global {
             .into()),
         }
     }
+}
+
+/// Warns on stderr, once per process, when the client certificate in use
+/// expires within [`config::EXPIRY_WARNING`] (an expired one is refused
+/// when the client is built, with its date).
+fn warn_expiry_once(context: &ResolvedContext) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        let Ok(cert) = context.credentials.certificate_info() else {
+            return;
+        };
+        let now = time::OffsetDateTime::now_utc();
+        if cert.not_after > now
+            && let Some(warning) = config::expiry_warning(&cert, now)
+        {
+            eprintln!(
+                "warning: context {:?} of {}: {warning}",
+                context.name,
+                context.path.display()
+            );
+        }
+    });
 }
 
 fn client_endpoint_label(context: &ResolvedContext) -> String {

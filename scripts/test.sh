@@ -4,12 +4,12 @@
 #  1. setup: the Debian tools, kube-apiserver, etcd and cargo-nextest (built once
 #     into ~/.cache/talos-client, found there afterwards), formatting;
 #  2. one debug build of the whole workspace with all features (the tests,
-#     the examples, the interop tests' Rust side) and the interop tests'
-#     Go programs;
+#     the examples, the interop tests' Rust side), linted by clippy as it
+#     builds, and the interop tests' Go programs;
 #  3. the tests, at once: the workspace's tests under nextest, each in its
 #     own process, many at a time (.config/nextest.toml); beside them the
 #     apply, health and migrate tests on Talos's own schedules; and, niced,
-#     clippy, the published crates' packages and docs, the doc tests, the
+#     the published crates' packages and docs, the doc tests, the
 #     library alone and its dependency rules;
 #  4. that the shipped binaries hold no test hook.
 # A timing summary ends every run, also a failing one.
@@ -48,11 +48,27 @@ phase fmt cargo fmt --all --check
 # build.
 features=(--locked --workspace --all-features)
 
+# Clippy lints the workspace's crates while they are built: `cargo clippy`
+# is `cargo check` with clippy-driver as the rustc of the workspace's crates
+# (RUSTC_WORKSPACE_WRAPPER, its arguments in CLIPPY_ARGS), and clippy-driver
+# compiles as rustc does. So the one build of every target (the libraries,
+# binaries, tests and examples, as `--all-targets`; there are no benches)
+# is also clippy with `-D warnings`, instead of a second, check-only pass
+# over all of them (ten minutes of CPU beside the tests). Every cargo
+# command below keeps the wrapper, so none rebuilds for want of it.
+clippy_driver="$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver || true)"
+if [ -z "$clippy_driver" ]; then
+	echo "clippy-driver not found: rustup component add clippy" >&2
+	exit 1
+fi
+export RUSTC_WORKSPACE_WRAPPER="$clippy_driver"
+export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+
 phase interop-go tests/interop/build.sh >"$PHASES_DIR/interop.path"
 INTEROP_BIN_DIR="$(cat "$PHASES_DIR/interop.path")"
 export INTEROP_BIN_DIR
 
-# The build, then the list of test binaries nextest runs from it: the test
+# The build (and clippy, see above), then the list of test binaries nextest runs from it: the test
 # runs below start no cargo, so the cargo commands beside them do not wait
 # for the build directory's lock.
 build_tests() {
@@ -82,7 +98,6 @@ upstream_tests() {
 cpu_checks() {
 	local status=0
 	renice -n 10 -p "$BASHPID" >/dev/null
-	phase clippy cargo clippy "${features[@]}" --all-targets -- -D warnings || status=1
 	# The published crates: their packages hold what they need and build
 	# on their own (cargo 1.90 and later resolve talos-opsd-api's
 	# dependency on the unpublished talos-client from the package beside

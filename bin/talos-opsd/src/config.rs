@@ -92,6 +92,13 @@ pub struct ClusterConfig {
     pub talosconfig: PathBuf,
     /// The context (default: the talosconfig's current one).
     pub context: Option<String>,
+    /// A narrower talosconfig for the work that only reads etcd:
+    /// snapshots and restore drills, scheduled or started through the API,
+    /// and their resumes. Its client certificate needs `os:etcd:backup`
+    /// (Talos gives it exactly EtcdSnapshot, EtcdStatus, EtcdMemberList and
+    /// EtcdAlarmList), `os:operator` or `os:admin`; its current context is
+    /// used. Absent: `talosconfig` serves them too.
+    pub backup_talosconfig: Option<PathBuf>,
     /// Scheduled snapshots; none when absent.
     pub snapshots: Option<SnapshotSchedule>,
     /// Scheduled restore drills; none when absent.
@@ -297,6 +304,26 @@ pub struct ResolvedCluster {
     pub config: ClusterConfig,
     /// The talosconfig context.
     pub context: ResolvedContext,
+    /// `backup_talosconfig`'s current context, when configured.
+    pub backup: Option<ResolvedContext>,
+}
+
+/// The roles Talos lets take an etcd snapshot (the `rules` map of
+/// internal/app/machined/pkg/system/services/machined.go, EtcdSnapshot; the
+/// other calls a snapshot makes allow these and `os:reader`).
+pub const SNAPSHOT_ROLES: &[&str] = &["os:admin", "os:operator", "os:etcd:backup"];
+
+impl ResolvedCluster {
+    /// The context an operation of `kind` runs with: the backup credential
+    /// for snapshots and drills where one is configured, else the
+    /// cluster's talosconfig.
+    pub fn context_for(&self, kind: talos_client::ops::OpKind) -> &ResolvedContext {
+        use talos_client::ops::OpKind;
+        match (&self.backup, kind) {
+            (Some(backup), OpKind::Snapshot | OpKind::Drill) => backup,
+            _ => &self.context,
+        }
+    }
 }
 
 impl Config {
@@ -474,9 +501,39 @@ impl Config {
                     tc.resolve(&overrides, &cluster.talosconfig)
                 })
                 .map_err(|e| invalid(tc_line, key("talosconfig"), e.to_string()))?;
+            let backup = match &cluster.backup_talosconfig {
+                None => None,
+                Some(file) => {
+                    let line = line_in_cluster("backup_talosconfig");
+                    let at_fault =
+                        |message: String| invalid(line, key("backup_talosconfig"), message);
+                    let backup = TalosConfig::read(file)
+                        .and_then(|tc| tc.resolve(&Overrides::default(), file))
+                        .map_err(|e| at_fault(e.to_string()))?;
+                    let roles = backup
+                        .credentials
+                        .certificate_info()
+                        .map_err(|e| at_fault(format!("{}: {e}", file.display())))?
+                        .roles;
+                    if !roles.iter().any(|r| SNAPSHOT_ROLES.contains(&r.as_str())) {
+                        return Err(at_fault(format!(
+                            "{}: its client certificate's roles ({}) cannot take a snapshot: Talos allows EtcdSnapshot to {} (issue one with `talosctl-rs config new --roles os:etcd:backup PATH`)",
+                            file.display(),
+                            if roles.is_empty() {
+                                "none".to_string()
+                            } else {
+                                roles.join(", ")
+                            },
+                            SNAPSHOT_ROLES.join(", ")
+                        )));
+                    }
+                    Some(backup)
+                }
+            };
             resolved.push(ResolvedCluster {
                 config: cluster.clone(),
                 context,
+                backup,
             });
         }
         Ok((config, resolved))

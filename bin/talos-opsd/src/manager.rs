@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use talos_client::Client;
+use talos_client::config::ResolvedContext;
 use talos_client::ops::{
-    ClusterLockPolicy, ClusterLockRecord, OpRecord, OpSpec, Ops, OpsError, Plan, StopHandle,
+    ClusterLockPolicy, ClusterLockRecord, OpKind, OpRecord, OpSpec, Ops, OpsError, Plan, StopHandle,
 };
 use tokio::sync::watch;
 
@@ -203,8 +204,27 @@ impl Manager {
     }
 
     pub(crate) fn open(&self, cluster: &ResolvedCluster) -> Result<Ops, OpsError> {
-        let client = Client::from_context(&cluster.context)?;
-        let mut ops = Ops::open(&cluster.context, client, &self.state_dir)?;
+        self.open_with(cluster, &cluster.context)
+    }
+
+    /// As [`Manager::open`], for an operation of `kind`: a snapshot or a
+    /// drill presents the cluster's backup credential where one is
+    /// configured, never the admin one.
+    pub(crate) fn open_for(
+        &self,
+        cluster: &ResolvedCluster,
+        kind: OpKind,
+    ) -> Result<Ops, OpsError> {
+        self.open_with(cluster, cluster.context_for(kind))
+    }
+
+    fn open_with(
+        &self,
+        cluster: &ResolvedCluster,
+        context: &ResolvedContext,
+    ) -> Result<Ops, OpsError> {
+        let client = Client::from_context(context)?;
+        let mut ops = Ops::open(context, client, &self.state_dir)?;
         let keep = cluster.config.snapshots.as_ref().map_or(0, |s| s.keep);
         ops.set_snapshot_defaults(self.snapshot_dir(cluster), keep);
         Ok(ops)
@@ -232,7 +252,10 @@ impl Manager {
     pub async fn plan(&self, cluster: &str, spec: &OpSpec) -> Result<Plan, StartError> {
         let resolved = self.resolve(cluster)?;
         let spec = configured(&resolved, spec.clone());
-        Ok(self.open(&resolved)?.preview(&spec).await?)
+        Ok(self
+            .open_for(&resolved, spec.kind())?
+            .preview(&spec)
+            .await?)
     }
 
     /// The snapshot directory of `cluster`.

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use talos_client::ops::{
     ClusterLockPolicy, Event, OpRecord, OpSpec, OpState, Ops, OpsError, Plan, Refusal,
 };
-use talos_client::ops::{StopHandle, Unsaved};
+use talos_client::ops::{OpKind, StopHandle, Unsaved};
 use talos_opsd_api::{event_to_proto, state_name};
 use tokio::sync::{oneshot, watch};
 
@@ -135,7 +135,23 @@ impl Manager {
                 let _ = tx.send(Err(e));
             }
         };
-        let mut ops = match self.open(&cluster) {
+        let kind = match &job {
+            Job::Run(spec, ..) => Some(spec.kind()),
+            Job::Resume(id) => self
+                .journal()
+                .ok()
+                .and_then(|j| j.get(id).ok())
+                .and_then(|r| {
+                    [OpKind::Snapshot, OpKind::Drill]
+                        .into_iter()
+                        .find(|k| k.name() == r.kind)
+                }),
+        };
+        let opened = match kind {
+            Some(kind) => self.open_for(&cluster, kind),
+            None => self.open(&cluster),
+        };
+        let mut ops = match opened {
             Ok(ops) => ops,
             Err(e) => return refuse(e.into()),
         };

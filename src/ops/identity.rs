@@ -265,7 +265,22 @@ impl Ops {
                 ),
             ));
         }
+        let planned = facts.identity.as_ref().and_then(|i| i.node_id.as_deref());
         match self.answer_of(&facts.address).await {
+            // A reset in progress wipes STATE (the node id with it) a while
+            // before the node goes down, so a node answering without one
+            // may be one whose reset was sent before an interruption; it
+            // may also be another machine. Nothing is sent while that
+            // cannot be told: asked again until it goes down, answers in
+            // maintenance mode, or the window ends (then a person looks).
+            Answer::Cluster {
+                node_id: None,
+                member_id: None,
+            } if planned.is_some() => Ok(Checked::Unsure(format!(
+                "{} answers with no node id (the plan saw {}): its STATE was wiped (a reset under way) or another machine answers",
+                facts.address,
+                planned.unwrap_or_default()
+            ))),
             Answer::Cluster { node_id, member_id } => {
                 self.check_node_id(facts, node_id.as_deref(), step)?;
                 if let Some(id) = member_id {

@@ -79,18 +79,7 @@ fn parse_roles(given: &[String]) -> Vec<String> {
 /// The OS CA (`machine.ca`) and cluster name (`cluster.clusterName`) of a
 /// machine configuration.
 fn ca_and_cluster(config: &str) -> Result<(Ca, String), Status> {
-    let doc: serde_norway::Value = serde_norway::from_str(config)
-        .map_err(|e| Status::internal(format!("machine config: {e}")))?;
-    let field = |path: &[&str]| -> Result<String, Status> {
-        let mut value = &doc;
-        for key in path {
-            value = &value[*key];
-        }
-        value
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| Status::internal(format!("machine config has no {}", path.join("."))))
-    };
+    let field = crate::kubeconfig::v1alpha1_fields(config)?;
     let pem = |path: &[&str]| -> Result<String, Status> {
         let bytes = BASE64
             .decode(field(path)?.trim())

@@ -19,16 +19,16 @@ pub(crate) fn archive(config: &str) -> Result<Vec<u8>, Status> {
     package(yaml.as_bytes()).map_err(|e| Status::internal(format!("kubeconfig archive: {e}")))
 }
 
-/// The kubeconfig upstream's `kubeconfig.GenerateAdmin` writes: one cluster,
-/// one user `admin@NAME`, one context `admin@NAME` (namespace default),
-/// current.
-pub(crate) fn admin_kubeconfig(config: &str) -> Result<String, Status> {
-    // A configuration of several documents is served alike: the fields
-    // come from its v1alpha1 document.
+/// A reader of string fields (`["cluster", "clusterName"]`) of a machine
+/// configuration's v1alpha1 document: a configuration of several documents
+/// is served alike, as a Talos node serves it.
+pub(crate) fn v1alpha1_fields(
+    config: &str,
+) -> Result<impl Fn(&[&str]) -> Result<String, Status>, Status> {
     let doc = crate::diff::parse(config.as_bytes())
         .map_err(|e| Status::internal(format!("machine config: {}", e.message())))?
         .v1alpha1;
-    let field = |path: &[&str]| -> Result<String, Status> {
+    Ok(move |path: &[&str]| {
         let mut value = &doc;
         for key in path {
             value = &value[*key];
@@ -37,7 +37,14 @@ pub(crate) fn admin_kubeconfig(config: &str) -> Result<String, Status> {
             .as_str()
             .map(str::to_string)
             .ok_or_else(|| Status::internal(format!("machine config has no {}", path.join("."))))
-    };
+    })
+}
+
+/// The kubeconfig upstream's `kubeconfig.GenerateAdmin` writes: one cluster,
+/// one user `admin@NAME`, one context `admin@NAME` (namespace default),
+/// current.
+pub(crate) fn admin_kubeconfig(config: &str) -> Result<String, Status> {
+    let field = v1alpha1_fields(config)?;
     let cluster = field(&["cluster", "clusterName"])?;
     let endpoint = field(&["cluster", "controlPlane", "endpoint"])?;
     let pem = |path: &[&str]| -> Result<String, Status> {

@@ -102,13 +102,23 @@ cpu_checks() {
 	# on their own (cargo 1.90 and later resolve talos-opsd-api's
 	# dependency on the unpublished talos-client from the package beside
 	# it), and the docs build without a warning.
-	phase publish-dry-run cargo publish --locked --dry-run --allow-dirty \
-		-p talos-client -p talos-opsd-api || status=1
+	phase publish-dry-run publish_dry_run || status=1
 	phase rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --all-features --workspace || status=1
 	# nextest does not run doc tests.
 	phase doc-tests cargo test "${features[@]}" --doc || status=1
 	phase library-alone library_alone || status=1
 	return "$status"
+}
+
+# cargo unpacks the packaged talos-client into the registry's source
+# directory as if it came from crates.io, and reuses a directory of that
+# name it finds there without comparing checksums: an earlier run's package
+# (same version, older code) would be built instead of this one. Our crates
+# are not on crates.io, so their unpacked copies are only ever ours.
+publish_dry_run() {
+	rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/talos-client-* \
+		"${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/talos-opsd-api-*
+	cargo publish --locked --dry-run --allow-dirty -p talos-client -p talos-opsd-api
 }
 
 # `cargo add talos-client` must bring a client and nothing else, and the CLI

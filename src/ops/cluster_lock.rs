@@ -177,7 +177,7 @@ impl Ops {
 
     /// A client per API server: the served kubeconfig's server, then each
     /// endpoint's port 6443.
-    async fn lease_clients(&self) -> Result<Vec<KubeClient>, String> {
+    pub(super) async fn lease_clients(&self) -> Result<Vec<KubeClient>, String> {
         let hosts = self.endpoint_hosts();
         let mut yaml = self.client.kubeconfig().await.map_err(|e| e.to_string());
         for host in &hosts {

@@ -58,6 +58,7 @@ pub(crate) mod plan;
 mod policy;
 mod preflight;
 mod refusal;
+mod report;
 mod restore;
 mod retire;
 mod sa_validation;
@@ -94,6 +95,10 @@ pub use offhost::S3Access;
 pub use plan::{Facts, Plan, PlannedStep, Step};
 pub use policy::Source;
 pub use refusal::Refusal;
+pub use report::{
+    BackupSeen, CertificateSeen, DEFAULT_QUOTA_BYTES, DrillSeen, Finding, Level, LockSeen,
+    MemberSeen, ReportOptions, RiskReport, Thresholds, age_text,
+};
 pub use restore::{RestoreFacts, RestoreStep};
 pub use retire::{PlannedMember, RetireFacts, RetireStep};
 pub use sa_validation::MachineRole;

@@ -23,6 +23,9 @@ async fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     match cli::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.downcast_ref::<cli::Exit>().is_some() => {
+            ExitCode::from(error.downcast_ref::<cli::Exit>().map_or(1, |e| e.0))
+        }
         Err(error) => {
             // One line: the error and those causes its text does not
             // already include.

@@ -142,7 +142,8 @@ pub enum Command {
     Bootstrap(power::BootstrapArgs),
     /// Safe composite operations, journaled: snapshot, retire, join,
     /// migrate, defrag, upgrade, restore, drill and apply (list, show,
-    /// resume, abandon and watch read and drive the journal).
+    /// resume, abandon and watch read and drive the journal; report reads
+    /// the risks).
     Ops(ops::OpsArgs),
     /// Work with etcd snapshot files.
     #[command(subcommand)]
@@ -309,6 +310,19 @@ impl std::fmt::Display for Usage {
 }
 
 impl std::error::Error for Usage {}
+
+/// A command that ends with this exit code and has said all it had to say
+/// (`ops report`: 1 for a warning, 2 for a critical finding).
+#[derive(Debug)]
+pub struct Exit(pub u8);
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit code {}", self.0)
+    }
+}
+
+impl std::error::Error for Exit {}
 
 /// A per-node outcome as printed in JSON and YAML: `result` or `error`.
 #[derive(Serialize)]

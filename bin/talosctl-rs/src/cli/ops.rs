@@ -10,7 +10,8 @@ use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use talos_client::ops::{
     ApplyOptions, DefragOptions, DrillOptions, JoinOptions, MaintenanceApply, MigrateOptions,
-    OpSpec, Ops, RestoreOptions, RetireOptions, SnapshotOptions, Tiers, UpgradeOptions,
+    OpSpec, Ops, ReportOptions, RestoreOptions, RetireOptions, SnapshotOptions, Tiers,
+    UpgradeOptions,
 };
 use talos_opsd_api::{PlanView, default_state_dir};
 
@@ -51,7 +52,7 @@ fn share(text: &str) -> Result<f64, String> {
         .map_err(|_| "not a number: a share in (0, 1]".to_string())?;
     talos_client::input::share("--threshold", value).map_err(|e| e.reason)
 }
-use super::ops_output::{confirm, list, print_plan, progress, report, show_plan};
+use super::ops_output::{confirm, list, print_plan, print_report, progress, report, show_plan};
 
 #[derive(clap::Args)]
 pub struct OpsArgs {
@@ -85,6 +86,82 @@ pub struct OpsArgs {
 }
 
 /// A Lease renewed during a handover.
+#[derive(clap::Args)]
+pub struct ReportArgs {
+    /// The etcd backend quota the database sizes are measured against, in
+    /// bytes (default: etcd's 2 GiB; pass what `quota-backend-bytes` says
+    /// when `cluster.etcd.extraArgs` sets it).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    quota: Option<u64>,
+    /// The newest verified backup older than this is a warning (default 26h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    backup_warn: Option<Duration>,
+    /// ... and older than this critical (default 72h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    backup_crit: Option<Duration>,
+    /// The last good drill older than this is a warning (default 192h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    drill_warn: Option<Duration>,
+    /// ... and older than this critical (default 744h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    drill_crit: Option<Duration>,
+    /// A database at this share of the quota is a warning (default 0.7).
+    #[arg(long, value_name = "SHARE", value_parser = quota_share)]
+    db_warn: Option<f64>,
+    /// ... and at this share critical (default 0.9).
+    #[arg(long, value_name = "SHARE", value_parser = quota_share)]
+    db_crit: Option<f64>,
+    /// A learner seen by an earlier report at least this long ago is stuck
+    /// (default 10m).
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    learner_window: Option<Duration>,
+    /// A certificate expiring within this is a warning (default 720h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    cert_warn: Option<Duration>,
+    /// ... and within this critical (default 168h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    cert_crit: Option<Duration>,
+}
+
+impl ReportArgs {
+    fn options(&self, credentials: talos_client::tls::Credentials) -> ReportOptions {
+        let mut o = ReportOptions::default();
+        let t = &mut o.thresholds;
+        for (target, given) in [
+            (&mut t.backup_warn, self.backup_warn),
+            (&mut t.backup_crit, self.backup_crit),
+            (&mut t.drill_warn, self.drill_warn),
+            (&mut t.drill_crit, self.drill_crit),
+            (&mut t.learner_window, self.learner_window),
+            (&mut t.cert_warn, self.cert_warn),
+            (&mut t.cert_crit, self.cert_crit),
+        ] {
+            if let Some(d) = given {
+                *target = d;
+            }
+        }
+        if let Some(share) = self.db_warn {
+            t.db_warn = share;
+        }
+        if let Some(share) = self.db_crit {
+            t.db_crit = share;
+        }
+        if let Some(quota) = self.quota {
+            o.quota_bytes = quota;
+        }
+        o.credentials = vec![("talosconfig".to_string(), credentials)];
+        o
+    }
+}
+
+fn quota_share(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| "not a number: a share of the quota in (0, 1]".to_string())?;
+    talos_client::input::share("--db-warn/--db-crit", value).map_err(|e| e.reason)
+}
+
 #[derive(clap::Args)]
 pub struct LeaseProbeArgs {
     /// Renew a Lease through this Kubernetes API endpoint
@@ -399,6 +476,13 @@ pub enum OpsCommand {
         #[arg(long, conflicts_with = "kube_check")]
         skip_kube_check: bool,
     },
+    /// A risk report of this cluster, read only: the newest verified
+    /// backup's age (on this host and off it), the last drill, each etcd
+    /// member's database against its quota, alarms, the voter count,
+    /// learners that stay learners, members with no node behind them,
+    /// Talos and etcd version skew, the certificate's expiry, the cluster
+    /// lock. Exit code 0, 1 or 2: ok, warning, critical.
+    Report(ReportArgs),
     /// List this cluster's operations.
     List,
     /// Show one operation and its steps.
@@ -611,6 +695,7 @@ impl OpsCommand {
                 OpSpec::Drill(o)
             }
             OpsCommand::List
+            | OpsCommand::Report(_)
             | OpsCommand::Show { .. }
             | OpsCommand::Resume { .. }
             | OpsCommand::Abandon { .. }
@@ -663,6 +748,15 @@ async fn journal_command(
 ) -> anyhow::Result<()> {
     match command {
         OpsCommand::List => list(global, ops.list()?),
+        OpsCommand::Report(args) => {
+            let context = global.resolve()?;
+            let report = ops.report(&args.options(context.credentials)).await?;
+            print_report(global, &report)?;
+            match report.level.exit_code() {
+                0 => Ok(()),
+                code => Err(super::Exit(code as u8).into()),
+            }
+        }
         OpsCommand::Show { id } => report(global, &ops.show(&id)?),
         OpsCommand::Resume { id } => {
             let record = ops.resume(&id, &mut progress).await?;

@@ -4,7 +4,7 @@
 use std::io::{IsTerminal as _, Write as _};
 
 use anyhow::bail;
-use talos_client::ops::{Event, OpRecord, StepState};
+use talos_client::ops::{Event, OpRecord, RiskReport, StepState, age_text};
 use talos_opsd_api::PlanView;
 
 use super::{Global, Output, print_structured};
@@ -208,5 +208,91 @@ pub(super) fn list(global: &Global, records: Vec<OpRecord>) -> anyhow::Result<()
         ]);
     }
     out!("{}", table.render());
+    Ok(())
+}
+
+/// The risk report: structured, or the findings worst first, then what was
+/// read.
+pub(super) fn print_report(global: &Global, report: &RiskReport) -> anyhow::Result<()> {
+    if global.output != Output::Table {
+        return print_structured(global.output, report);
+    }
+    outln!(
+        "context {:?}: {} ({} finding{})",
+        report.context,
+        report.level.name().to_uppercase(),
+        report.findings.len(),
+        if report.findings.len() == 1 { "" } else { "s" }
+    );
+    for f in &report.findings {
+        outln!("  {:<8} {:<16} {}", f.level.name(), f.check, f.message);
+    }
+    let backup = |b: &Option<talos_client::ops::BackupSeen>| match b {
+        Some(b) => format!(
+            "{} old ({}, op {})",
+            age_text(b.age_seconds),
+            b.location,
+            b.op
+        ),
+        None => "none".into(),
+    };
+    outln!("backup on this host: {}", backup(&report.backup_on_host));
+    outln!("backup off this host: {}", backup(&report.backup_off_host));
+    match &report.drill {
+        Some(d) => outln!(
+            "last drill: {} {} ago (op {})",
+            if d.ok { "succeeded" } else { "FAILED" },
+            age_text(d.age_seconds),
+            d.op
+        ),
+        None => outln!("last drill: none"),
+    }
+    let mut table = super::table::Table::new(&[
+        "MEMBER", "ID", "ROLE", "TALOS", "ETCD", "DB", "OF QUOTA", "NODE",
+    ]);
+    for m in &report.members {
+        table.row(vec![
+            m.name.clone(),
+            m.id.clone(),
+            if m.learner { "learner" } else { "voter" }.into(),
+            m.talos_version.clone().unwrap_or_else(|| "-".into()),
+            m.etcd_version.clone().unwrap_or_else(|| "-".into()),
+            m.db_size.map_or("-".into(), |s| s.to_string()),
+            m.quota_share
+                .map_or("-".into(), |s| format!("{:.1}%", s * 100.0)),
+            if m.node_behind {
+                "yes".into()
+            } else {
+                format!("no: {}", m.detail.as_deref().unwrap_or("?"))
+            },
+        ]);
+    }
+    out!("{}", table.render());
+    for c in &report.certificates {
+        outln!(
+            "certificate {} ({}): expires {} ({})",
+            c.purpose,
+            c.roles.join(","),
+            c.not_after,
+            if c.remaining_seconds < 0 {
+                "expired".to_string()
+            } else {
+                format!("in {}", age_text(c.remaining_seconds as u64))
+            }
+        );
+    }
+    let lock = &report.lock;
+    outln!(
+        "cluster lock: {}{}{}",
+        lock.state,
+        lock.holder
+            .as_deref()
+            .map(|h| format!(" by {h}"))
+            .unwrap_or_default(),
+        lock.detail
+            .as_deref()
+            .map(|d| format!(" ({d})"))
+            .unwrap_or_default()
+    );
     Ok(())
 }

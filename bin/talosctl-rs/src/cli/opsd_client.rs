@@ -28,6 +28,11 @@ use super::ops_output::{confirm, list, print_plan, progress, report, show_plan};
 /// in-process one is, then started with the plan's fingerprint: the daemon
 /// refuses it if the cluster changed in between.
 pub async fn dispatch(global: &Global, args: &OpsArgs) -> anyhow::Result<bool> {
+    // The report reads the journal of --state-dir and the cluster itself,
+    // in this process: it changes nothing a daemon would need to order.
+    if matches!(args.command, OpsCommand::Report(_)) {
+        return Ok(false);
+    }
     let watch = matches!(args.command, OpsCommand::Watch { .. });
     let socket = match (&args.socket, args.local) {
         (Some(socket), false) => socket,

@@ -97,7 +97,7 @@ pub use policy::Source;
 pub use refusal::Refusal;
 pub use report::{
     BackupSeen, CertificateSeen, DEFAULT_QUOTA_BYTES, DrillSeen, Finding, Level, LockSeen,
-    MemberSeen, ReportOptions, RiskReport, Thresholds, age_text,
+    MemberSeen, REPORT_CHECKS, ReportOptions, RiskReport, Thresholds, age_text,
 };
 pub use restore::{RestoreFacts, RestoreStep};
 pub use retire::{PlannedMember, RetireFacts, RetireStep};

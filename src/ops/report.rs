@@ -131,12 +131,27 @@ impl Level {
     }
 }
 
+/// Every check a report makes, by the name its findings carry.
+pub const REPORT_CHECKS: &[&str] = &[
+    "backup",
+    "off-host-backup",
+    "drill",
+    "operation",
+    "db-size",
+    "alarm",
+    "voters",
+    "learner",
+    "orphan",
+    "etcd",
+    "version-skew",
+    "certificate",
+    "lock",
+];
+
 /// One thing the report flags.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
-    /// Which check: `backup`, `off-host-backup`, `drill`, `db-size`,
-    /// `alarm`, `voters`, `learner`, `orphan`, `etcd`, `version-skew`,
-    /// `certificate`, `lock` or `operation`.
+    /// Which check: one of [`REPORT_CHECKS`].
     pub check: String,
     /// How bad.
     pub level: Level,
@@ -468,6 +483,7 @@ struct Findings(Vec<Finding>);
 
 impl Findings {
     fn add(&mut self, check: &str, level: Level, subject: Option<String>, message: String) {
+        debug_assert!(REPORT_CHECKS.contains(&check), "{check}");
         self.0.push(Finding {
             check: check.into(),
             level,

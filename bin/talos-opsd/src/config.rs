@@ -99,6 +99,12 @@ pub struct ClusterConfig {
     /// EtcdAlarmList), `os:operator` or `os:admin`; its current context is
     /// used. Absent: `talosconfig` serves them too.
     pub backup_talosconfig: Option<PathBuf>,
+    /// A talosconfig for the risk report (GetReport and the report's
+    /// metrics), which only reads: its client certificate needs
+    /// `os:reader`, `os:operator` or `os:admin` (Talos gives `os:reader`
+    /// the etcd reads and Version; `os:etcd:backup` lacks Version). Absent:
+    /// `talosconfig` serves the report.
+    pub reader_talosconfig: Option<PathBuf>,
     /// Scheduled snapshots; none when absent.
     pub snapshots: Option<SnapshotSchedule>,
     /// Scheduled restore drills; none when absent.
@@ -306,12 +312,20 @@ pub struct ResolvedCluster {
     pub context: ResolvedContext,
     /// `backup_talosconfig`'s current context, when configured.
     pub backup: Option<ResolvedContext>,
+    /// `reader_talosconfig`'s current context, when configured.
+    pub reader: Option<ResolvedContext>,
 }
 
 /// The roles Talos lets take an etcd snapshot (the `rules` map of
 /// internal/app/machined/pkg/system/services/machined.go, EtcdSnapshot; the
 /// other calls a snapshot makes allow these and `os:reader`).
 pub const SNAPSHOT_ROLES: &[&str] = &["os:admin", "os:operator", "os:etcd:backup"];
+
+/// The roles Talos lets make every call of the risk report: the etcd
+/// reads and Version (the same `rules` map; Kubeconfig, which the
+/// cluster lock's Lease needs, is `os:admin`'s alone, so a reader's report
+/// says the lock is unknown).
+pub const REPORT_ROLES: &[&str] = &["os:admin", "os:operator", "os:reader"];
 
 impl ResolvedCluster {
     /// The context an operation of `kind` runs with: the backup credential
@@ -323,6 +337,12 @@ impl ResolvedCluster {
             (Some(backup), OpKind::Snapshot | OpKind::Drill) => backup,
             _ => &self.context,
         }
+    }
+
+    /// The context the risk report reads with: the reader credential where
+    /// one is configured, else the cluster's talosconfig.
+    pub fn report_context(&self) -> &ResolvedContext {
+        self.reader.as_ref().unwrap_or(&self.context)
     }
 }
 
@@ -501,39 +521,56 @@ impl Config {
                     tc.resolve(&overrides, &cluster.talosconfig)
                 })
                 .map_err(|e| invalid(tc_line, key("talosconfig"), e.to_string()))?;
-            let backup = match &cluster.backup_talosconfig {
-                None => None,
-                Some(file) => {
-                    let line = line_in_cluster("backup_talosconfig");
-                    let at_fault =
-                        |message: String| invalid(line, key("backup_talosconfig"), message);
-                    let backup = TalosConfig::read(file)
-                        .and_then(|tc| tc.resolve(&Overrides::default(), file))
-                        .map_err(|e| at_fault(e.to_string()))?;
-                    let roles = backup
-                        .credentials
-                        .certificate_info()
-                        .map_err(|e| at_fault(format!("{}: {e}", file.display())))?
-                        .roles;
-                    if !roles.iter().any(|r| SNAPSHOT_ROLES.contains(&r.as_str())) {
-                        return Err(at_fault(format!(
-                            "{}: its client certificate's roles ({}) cannot take a snapshot: Talos allows EtcdSnapshot to {} (issue one with `talosctl-rs config new --roles os:etcd:backup PATH`)",
-                            file.display(),
-                            if roles.is_empty() {
-                                "none".to_string()
-                            } else {
-                                roles.join(", ")
-                            },
-                            SNAPSHOT_ROLES.join(", ")
-                        )));
-                    }
-                    Some(backup)
+            let narrower = |file: &Option<PathBuf>,
+                            name: &str,
+                            allowed: &[&str],
+                            purpose: &str,
+                            suggested: &str| {
+                let Some(file) = file else {
+                    return Ok(None);
+                };
+                let at_fault = |message: String| invalid(line_in_cluster(name), key(name), message);
+                let context = TalosConfig::read(file)
+                    .and_then(|tc| tc.resolve(&Overrides::default(), file))
+                    .map_err(|e| at_fault(e.to_string()))?;
+                let roles = context
+                    .credentials
+                    .certificate_info()
+                    .map_err(|e| at_fault(format!("{}: {e}", file.display())))?
+                    .roles;
+                if !roles.iter().any(|r| allowed.contains(&r.as_str())) {
+                    return Err(at_fault(format!(
+                        "{}: its client certificate's roles ({}) cannot {purpose}: Talos allows it to {} (issue one with `talosctl-rs config new --roles {suggested} PATH`)",
+                        file.display(),
+                        if roles.is_empty() {
+                            "none".to_string()
+                        } else {
+                            roles.join(", ")
+                        },
+                        allowed.join(", ")
+                    )));
                 }
+                Ok(Some(context))
             };
+            let backup = narrower(
+                &cluster.backup_talosconfig,
+                "backup_talosconfig",
+                SNAPSHOT_ROLES,
+                "take a snapshot",
+                "os:etcd:backup",
+            )?;
+            let reader = narrower(
+                &cluster.reader_talosconfig,
+                "reader_talosconfig",
+                REPORT_ROLES,
+                "read the risk report",
+                "os:reader",
+            )?;
             resolved.push(ResolvedCluster {
                 config: cluster.clone(),
                 context,
                 backup,
+                reader,
             });
         }
         Ok((config, resolved))

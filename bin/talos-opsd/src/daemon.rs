@@ -108,6 +108,7 @@ pub async fn run(config_path: &Path, overrides: Overrides) -> anyhow::Result<()>
     recover::recover(&manager, within).await;
     let generation = Arc::new(AtomicU64::new(0));
     schedule::start(&manager, &generation);
+    tokio::spawn(report_every_interval(Arc::clone(&manager)));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let service = OpsdServer::new(Service::new(Arc::clone(&manager)))
@@ -228,4 +229,31 @@ fn undecodable_is_invalid<B>(
         headers.insert("grpc-status", HeaderValue::from_static("3"));
     }
     response
+}
+
+/// How often the daemon makes each cluster's risk report for its metrics
+/// (GetReport makes one at once, and sets them too).
+pub const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Makes every configured cluster's risk report each [`REPORT_INTERVAL`],
+/// the first one interval after the start, so `/metrics` carries the
+/// report's gauges without anyone asking.
+async fn report_every_interval(manager: Arc<Manager>) {
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + REPORT_INTERVAL,
+        REPORT_INTERVAL,
+    );
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if manager.is_stopping() {
+            return;
+        }
+        for cluster in manager.clusters() {
+            let name = &cluster.config.name;
+            if let Err(e) = manager.report(name).await {
+                tracing::warn!(cluster = %name, "risk report: {e}");
+            }
+        }
+    }
 }

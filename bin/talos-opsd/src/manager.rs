@@ -258,6 +258,30 @@ impl Manager {
             .await?)
     }
 
+    /// The risk report of `cluster` (`talosctl-rs ops report`), from the
+    /// daemon's journal and the cluster, read with the cluster's reader
+    /// credential where one is configured; each configured credential's
+    /// certificate is reported. Sets the report's metrics. Changes nothing
+    /// on the cluster and takes no lock.
+    pub async fn report(&self, cluster: &str) -> Result<talos_client::ops::RiskReport, StartError> {
+        let resolved = self
+            .cluster(cluster)
+            .ok_or_else(|| StartError::UnknownCluster(cluster.to_string()))?;
+        let ops = self.open_with(&resolved, resolved.report_context())?;
+        let mut options = talos_client::ops::ReportOptions::default();
+        options.credentials = [
+            ("admin", Some(&resolved.context)),
+            ("backup", resolved.backup.as_ref()),
+            ("reader", resolved.reader.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(purpose, context)| Some((purpose.to_string(), context?.credentials.clone())))
+        .collect();
+        let report = ops.report(&options).await?;
+        self.metrics.report(cluster, &report);
+        Ok(report)
+    }
+
     /// The snapshot directory of `cluster`.
     pub fn snapshot_dir(&self, cluster: &ResolvedCluster) -> PathBuf {
         cluster

@@ -39,6 +39,18 @@ struct ClusterLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabels {
+    cluster: String,
+    check: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PurposeLabels {
+    cluster: String,
+    purpose: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MemberLabels {
     cluster: String,
     member: String,
@@ -81,6 +93,10 @@ pub struct Metrics {
     upgrade_time: Family<ClusterLabels, F64Gauge>,
     upgrade_node_duration: Family<MemberLabels, F64Gauge>,
     upgrade_failures: Family<ClusterLabels, Counter>,
+    report_level: Family<ClusterLabels, Gauge>,
+    report_check: Family<CheckLabels, Gauge>,
+    report_time: Family<ClusterLabels, F64Gauge>,
+    certificate_remaining: Family<PurposeLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -209,6 +225,30 @@ impl Metrics {
             "Upgrades that failed or need attention",
             upgrade_failures.clone(),
         );
+        let report_level = Family::<ClusterLabels, Gauge>::default();
+        let report_check = Family::<CheckLabels, Gauge>::default();
+        let report_time = Family::<ClusterLabels, F64Gauge>::default();
+        let certificate_remaining = Family::<PurposeLabels, Gauge>::default();
+        registry.register(
+            "report_level",
+            "The last risk report's level: 0 ok, 1 warning, 2 critical",
+            report_level.clone(),
+        );
+        registry.register(
+            "report_check_level",
+            "The last risk report's worst finding per check (0 ok, 1 warning, 2 critical)",
+            report_check.clone(),
+        );
+        registry.register(
+            "report_last_timestamp_seconds",
+            "When the last risk report was made (Unix time)",
+            report_time.clone(),
+        );
+        registry.register(
+            "certificate_remaining_seconds",
+            "Seconds until each configured credential's client certificate expires (negative: expired)",
+            certificate_remaining.clone(),
+        );
         Metrics {
             registry: Arc::new(Mutex::new(registry)),
             operations,
@@ -230,6 +270,47 @@ impl Metrics {
             upgrade_time,
             upgrade_node_duration,
             upgrade_failures,
+            report_level,
+            report_check,
+            report_time,
+            certificate_remaining,
+        }
+    }
+
+    /// A risk report of `cluster` was made: its level, each check's worst
+    /// level (every check is set, so one that cleared reads 0) and each
+    /// credential's remaining time.
+    pub fn report(&self, cluster: &str, report: &talos_client::ops::RiskReport) {
+        let labels = ClusterLabels {
+            cluster: cluster.into(),
+        };
+        self.report_level
+            .get_or_create(&labels)
+            .set(i64::from(report.level.exit_code()));
+        let at = time::OffsetDateTime::now_utc().unix_timestamp_nanos() as f64 / 1e9;
+        self.report_time.get_or_create(&labels).set(at);
+        for check in talos_client::ops::REPORT_CHECKS {
+            let worst = report
+                .findings
+                .iter()
+                .filter(|f| f.check == *check)
+                .map(|f| f.level.exit_code())
+                .max()
+                .unwrap_or(0);
+            self.report_check
+                .get_or_create(&CheckLabels {
+                    cluster: cluster.into(),
+                    check: (*check).into(),
+                })
+                .set(i64::from(worst));
+        }
+        for c in &report.certificates {
+            self.certificate_remaining
+                .get_or_create(&PurposeLabels {
+                    cluster: cluster.into(),
+                    purpose: c.purpose.clone(),
+                })
+                .set(c.remaining_seconds);
         }
     }
 

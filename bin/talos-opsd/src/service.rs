@@ -517,6 +517,56 @@ impl proto::opsd_server::Opsd for Service {
         audit(&who, &format!("abandon {}", quoted(&request.id)), &result);
         result.map_err(input::bounded)
     }
+
+    async fn get_report(
+        &self,
+        request: Request<proto::GetReportRequest>,
+    ) -> Result<Response<proto::Report>, Status> {
+        let who = who(&request);
+        let cluster = request.into_inner().cluster;
+        let result = match input::check_name(&cluster) {
+            Err(e) => Err(e),
+            Ok(()) => self
+                .manager
+                .report(&cluster)
+                .await
+                .map_err(|e| status_of_start(&self.manager.state_dir, e))
+                .map(|report| Response::new(report_message(&cluster, &report))),
+        };
+        audit(
+            &who,
+            &format!("report cluster={}", quoted(&cluster)),
+            &result,
+        );
+        result.map_err(input::bounded)
+    }
+}
+
+fn report_level(level: talos_client::ops::Level) -> i32 {
+    use talos_client::ops::Level;
+    (match level {
+        Level::Ok => proto::ReportLevel::Ok,
+        Level::Warning => proto::ReportLevel::Warning,
+        Level::Critical => proto::ReportLevel::Critical,
+    }) as i32
+}
+
+fn report_message(cluster: &str, report: &talos_client::ops::RiskReport) -> proto::Report {
+    proto::Report {
+        cluster: cluster.to_string(),
+        level: report_level(report.level),
+        findings: report
+            .findings
+            .iter()
+            .map(|f| proto::ReportFinding {
+                check: f.check.clone(),
+                level: report_level(f.level),
+                subject: f.subject.clone().unwrap_or_default(),
+                message: f.message.clone(),
+            })
+            .collect(),
+        json: serde_json::to_string(report).unwrap_or_default(),
+    }
 }
 
 /// Refuses a resume or abandon without a well-formed id and the

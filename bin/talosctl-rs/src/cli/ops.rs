@@ -124,6 +124,24 @@ pub struct ReportArgs {
 }
 
 impl ReportArgs {
+    /// Whether any threshold or the quota was given.
+    pub(super) fn any_given(&self) -> bool {
+        self.quota.is_some()
+            || self.db_warn.is_some()
+            || self.db_crit.is_some()
+            || [
+                self.backup_warn,
+                self.backup_crit,
+                self.drill_warn,
+                self.drill_crit,
+                self.learner_window,
+                self.cert_warn,
+                self.cert_crit,
+            ]
+            .iter()
+            .any(Option::is_some)
+    }
+
     fn options(&self, credentials: talos_client::tls::Credentials) -> ReportOptions {
         let mut o = ReportOptions::default();
         let t = &mut o.thresholds;

@@ -28,11 +28,6 @@ use super::ops_output::{confirm, list, print_plan, progress, report, show_plan};
 /// in-process one is, then started with the plan's fingerprint: the daemon
 /// refuses it if the cluster changed in between.
 pub async fn dispatch(global: &Global, args: &OpsArgs) -> anyhow::Result<bool> {
-    // The report reads the journal of --state-dir and the cluster itself,
-    // in this process: it changes nothing a daemon would need to order.
-    if matches!(args.command, OpsCommand::Report(_)) {
-        return Ok(false);
-    }
     let watch = matches!(args.command, OpsCommand::Watch { .. });
     let socket = match (&args.socket, args.local) {
         (Some(socket), false) => socket,
@@ -61,6 +56,25 @@ pub async fn dispatch(global: &Global, args: &OpsArgs) -> anyhow::Result<bool> {
         Err(e) => return Err(e),
     };
     let cluster = global.resolve()?.name;
+    if let OpsCommand::Report(report) = &args.command {
+        if report.any_given() {
+            bail!(
+                "talos-opsd makes its report with the default thresholds: pass --local to use yours"
+            );
+        }
+        let answer = client
+            .get_report(proto::GetReportRequest { cluster })
+            .await
+            .map_err(status)?
+            .into_inner();
+        let report: talos_client::ops::RiskReport = serde_json::from_str(&answer.json)
+            .map_err(|e| anyhow::anyhow!("talos-opsd's report cannot be read: {e}"))?;
+        super::ops_output::print_report(global, &report)?;
+        return match report.level.exit_code() {
+            0 => Ok(true),
+            code => Err(super::Exit(code as u8).into()),
+        };
+    }
     let nodes = match args.command {
         OpsCommand::Apply { .. } => global.connect()?.1,
         _ => Vec::new(),

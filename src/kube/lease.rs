@@ -125,6 +125,18 @@ impl LeaseRenewer {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// Waits until a renewal round ends after this call (renewed, or
+    /// failed past its deadline), or `limit` passes: a check that the Lease
+    /// can still be renewed now, as a controller would need to.
+    pub async fn next_round(&self, limit: Duration) {
+        let rounds = |s: &RenewalStats| s.renewed + s.failed;
+        let seen = rounds(&self.stats());
+        let deadline = Instant::now() + limit;
+        while rounds(&self.stats()) <= seen && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Stops renewing (a renewal in progress finishes first), deletes the
     /// Lease (best effort: a stale one expires on its own), and returns what
     /// it saw.

@@ -593,6 +593,13 @@ impl Ops {
                     ));
                 }
                 if let Some(renewer) = self.lease_renewer.take() {
+                    // One more round once the node and its API server are
+                    // gone: the controllers' path must renew without them.
+                    if let Some(probe) = &facts.lease_probe {
+                        renewer
+                            .next_round(probe.retry_period + probe.renew_deadline)
+                            .await;
+                    }
                     let stats = renewer.stop().await;
                     let server = facts
                         .lease_probe

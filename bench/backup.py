@@ -2,7 +2,7 @@
 """The off-host backup pipeline side by side, run by bench/backup.sh (which
 builds the binaries and starts talos-sim and the S3 server first).
 
-  backup.py fill ETCD_URL MIB
+  backup.py fill ETCD_URL MIB PKI_DIR
       puts MIB values of 1 MiB of random bytes into etcd (its JSON gateway),
       so that the snapshot does not compress and the upload is as large as it
   backup.py run CONFIG.json
@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import ssl
 import urllib.request
 
 sys.dont_write_bytecode = True  # no bench/__pycache__ from importing bench.py
@@ -31,9 +32,13 @@ from bench import measure_beside  # noqa: E402
 MIB = 1 << 20
 
 
-def fill(etcd_url, mib, writers=2):
-    """MIB keys /bench/backup/NNNNN, each 1 MiB from os.urandom."""
+def fill(etcd_url, mib, pki, writers=2):
+    """MIB keys /bench/backup/NNNNN, each 1 MiB from os.urandom, through
+    etcd's JSON gateway with machined's etcd client certificate from PKI
+    (talos-sim's DIR/pki: the members require one, as on Talos)."""
     errors = []
+    tls = ssl.create_default_context(cafile=os.path.join(pki, "etcd-ca.crt"))
+    tls.load_cert_chain(os.path.join(pki, "etcd-client.crt"), os.path.join(pki, "etcd-client.key"))
 
     def put(first):
         try:
@@ -44,7 +49,7 @@ def fill(etcd_url, mib, writers=2):
                 }).encode()
                 req = urllib.request.Request(
                     f"{etcd_url}/v3/kv/put", data=body, headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=60) as resp:
+                with urllib.request.urlopen(req, timeout=60, context=tls) as resp:
                     reply = json.load(resp)
                 if "header" not in reply:
                     raise RuntimeError(f"put {i}: {reply}")
@@ -97,10 +102,10 @@ def decrypts_to(obj, key_file, out):
     return os.path.getsize(out)
 
 
-def snapshot_status(path):
+def snapshot_status(etcdutl, path):
     out = subprocess.run(
-        ["etcdctl", "snapshot", "status", path, "-w", "json"],
-        capture_output=True, text=True, check=True, env=dict(os.environ, ETCDCTL_API="3"),
+        [etcdutl, "snapshot", "status", path, "-w", "json"],
+        capture_output=True, text=True, check=True,
     ).stdout
     return json.loads(out)
 
@@ -156,7 +161,7 @@ def run(cfg_path):
             if name not in decrypted:
                 # The first object of each tool, read back with Debian's age and zstd.
                 size = decrypts_to(objects[0][0], cfg["key_file"], check_file)
-                status = snapshot_status(check_file)
+                status = snapshot_status(cfg["etcdutl"], check_file)
                 os.remove(check_file)
                 if size != reference:
                     sys.exit(f"{name}: decrypted to {size} bytes, the snapshot has {reference}")
@@ -199,7 +204,7 @@ def run(cfg_path):
         f"Checks: after every run its object was in the bucket (size > 0); the first "
         f"object of each tool went through `age -d -i KEY | zstd -d` into a file of "
         f"{decrypted['rs'][0]} bytes (talosctl-rs) and {decrypted['go'][0]} bytes (Go), the "
-        f"snapshot's size, and `etcdctl snapshot status` read it (talosctl-rs's: hash "
+        f"snapshot's size, and `etcdutl snapshot status` (of the same etcd release) read it (talosctl-rs's: hash "
         f"{st['hash']:08x}, revision {st['revision']}, {st['totalKey']} keys).\n",
     ]
     if cfg.get("memtest"):
@@ -221,12 +226,12 @@ def run(cfg_path):
 
 
 def main():
-    if len(sys.argv) == 4 and sys.argv[1] == "fill":
-        fill(sys.argv[2], int(sys.argv[3]))
+    if len(sys.argv) == 5 and sys.argv[1] == "fill":
+        fill(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     elif len(sys.argv) == 3 and sys.argv[1] == "run":
         run(sys.argv[2])
     else:
-        sys.exit("usage: backup.py fill ETCD_URL MIB | backup.py run CONFIG.json")
+        sys.exit("usage: backup.py fill ETCD_URL MIB PKI_DIR | backup.py run CONFIG.json")
 
 
 if __name__ == "__main__":

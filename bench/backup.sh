@@ -21,6 +21,8 @@ memtest="${MEMTEST:-1}"
 # RESULTS names another file for the section (default bench/RESULTS.md).
 
 scripts/install-deps.sh
+# The etcd the simulated node runs (Talos 1.13.9's), with its etcdutl.
+etcd_tools="$(dirname "$(scripts/etcd.sh v3.6.12)")"
 cargo build --locked --release -p talosctl-rs -p talos-sim
 tools="$PWD/target/bench-tools"
 if [ ! -x "$tools/bin/s3s-fs" ]; then
@@ -51,7 +53,7 @@ if [ "$memtest" = 1 ]; then
     "$size_mib" "$(grep -o 'backup of [0-9]* MiB ([0-9]* MiB stored) in [^:]*' "$work/memtest.log")" "$peak_kib")"
 fi
 
-target/release/talos-sim up --isolated --nodes 1 --dir "$work/cluster" --json >"$work/sim.json" 2>"$work/sim.log" &
+target/release/talos-sim up --etcd-cache "$(dirname "$etcd_tools")" --isolated --nodes 1 --dir "$work/cluster" --json >"$work/sim.json" 2>"$work/sim.log" &
 sim_pid=$!
 for _ in $(seq 1 240); do
   [ -s "$work/sim.json" ] && break
@@ -62,7 +64,7 @@ done
 read -r node etcd_url < <(python3 -c 'import json,sys; n=json.load(open(sys.argv[1]))["nodes"][0]; print(n["ip"], n["etcd_client_url"])' "$work/sim.json")
 
 echo "filling etcd with ${size_mib} MiB of random values..." >&2
-python3 bench/backup.py fill "$etcd_url" "$size_mib"
+python3 bench/backup.py fill "$etcd_url" "$size_mib" "$work/cluster/pki"
 # The snapshot's size, for the decryption check.
 target/release/talosctl-rs --talosconfig "$work/cluster/talosconfig" -n "$node" etcd snapshot "$work/reference.db" >&2
 snapshot_bytes="$(stat -c %s "$work/reference.db")"
@@ -92,7 +94,7 @@ versions+="; $(go version | cut -d' ' -f3)"
 
 WORK="$work" RUNS="$runs" SIZE_MIB="$size_mib" NODE="$node" PORT="$port" ACCESS_KEY="$access_key" \
   SECRET_KEY="$secret_key" S3_PID="$s3_pid" RECIPIENT="$recipient" SNAPSHOT_BYTES="$snapshot_bytes" \
-  VERSIONS="$versions" MEMTEST_LINE="$memtest_line" python3 - "$work/bench.json" <<'PY'
+  VERSIONS="$versions" MEMTEST_LINE="$memtest_line" ETCDUTL="$etcd_tools/etcdutl" python3 - "$work/bench.json" <<'PY'
 import json, os, sys
 e = os.environ
 json.dump({
@@ -104,6 +106,7 @@ json.dump({
     "key_file": f"{e['WORK']}/key.txt", "recipient": e["RECIPIENT"],
     "snapshot_bytes": int(e["SNAPSHOT_BYTES"]), "versions": e["VERSIONS"],
     "memtest": e["MEMTEST_LINE"], "results": e.get("RESULTS", "bench/RESULTS.md"),
+    "etcdutl": e["ETCDUTL"],
 }, open(sys.argv[1], "w"))
 PY
 python3 bench/backup.py run "$work/bench.json"

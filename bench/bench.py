@@ -135,15 +135,16 @@ def main():
             except FileNotFoundError:
                 pass
 
-    env = dict(os.environ, ETCDCTL_API="3")
+    pki = cfg["pki"]
     m = interleave(
         [
             ("talosctl-rs etcd snapshot (verified: sha256, bbolt, status)",
              [rs, "--talosconfig", tc, "-n", node, "etcd", "snapshot", snap]),
             ("Go client, as talosctl v1.13.9 does it (stream, fsync, trailer size, etcdutl status)",
              [go, "--talosconfig", tc, "--node", node, "snapshot", snap]),
-            ("etcdctl snapshot save, straight from etcd (no TLS, no Talos API)",
-             ["env", "ETCDCTL_API=3", "etcdctl", "--endpoints", cfg["etcd_url"], "snapshot", "save", snap]),
+            ("etcdctl snapshot save, straight from etcd (its client TLS, no Talos API)",
+             [cfg["etcdctl"], f"--cacert={pki}/etcd-ca.crt", f"--cert={pki}/etcd-client.crt",
+              f"--key={pki}/etcd-client.key", "--endpoints", cfg["etcd_url"], "snapshot", "save", snap]),
         ],
         runs,
         before=clean,
@@ -165,7 +166,7 @@ def main():
     lines.append("```")
     lines.append(f"talosctl-rs --talosconfig TC -n {node} version | etcd members | etcd snapshot FILE")
     lines.append(f"benchdriver --talosconfig TC --node {node} version | members | snapshot FILE")
-    lines.append("ETCDCTL_API=3 etcdctl --endpoints ETCD_URL snapshot save FILE")
+    lines.append("etcdctl --cacert PKI/etcd-ca.crt --cert PKI/etcd-client.crt --key PKI/etcd-client.key --endpoints ETCD_URL snapshot save FILE")
     lines.append("```")
     text = "\n".join(lines) + "\n"
     with open(cfg["results"], "a") as f:

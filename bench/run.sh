@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 
 size_mib="${SIZE_MIB:-1024}"
 scripts/install-deps.sh
+# The etcd the simulated nodes run (Talos 1.13.9's), with its etcdctl.
+etcd_tools="$(dirname "$(scripts/etcd.sh v3.6.12)")"
 cargo build --locked --release --workspace --bins
 work="$(mktemp -d -t talos-bench-XXXXXX)"
 sim_pid=""
@@ -23,7 +25,7 @@ trap cleanup EXIT
 
 (cd tests/interop && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go build -o "$work/benchdriver" ./cmd/benchdriver)
 
-target/release/talos-sim up --isolated --nodes 3 --workers 47 --dir "$work/cluster" --json >"$work/sim.json" 2>"$work/sim.log" &
+target/release/talos-sim up --etcd-cache "$(dirname "$etcd_tools")" --isolated --nodes 3 --workers 47 --dir "$work/cluster" --json >"$work/sim.json" 2>"$work/sim.log" &
 sim_pid=$!
 for _ in $(seq 1 240); do
   [ -s "$work/sim.json" ] && break
@@ -34,20 +36,21 @@ done
 echo "filling etcd with ${size_mib} MiB..." >&2
 target/release/talos-sim fill "$work/cluster" --count "$size_mib" --value-size 1048576 >&2
 
-python3 - "$work" "$size_mib" >"$work/bench.json" <<'PY'
+python3 - "$work" "$size_mib" "$etcd_tools/etcdctl" >"$work/bench.json" <<'PY'
 import json, sys, subprocess
-work, size = sys.argv[1], int(sys.argv[2])
+work, size, etcdctl = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 sim = json.load(open(f"{work}/sim.json"))
 node = sim["nodes"][0]
 versions = "; ".join([
     subprocess.run(["target/release/talosctl-rs", "version", "--client", "--short"], capture_output=True, text=True).stdout.strip().splitlines()[-1].strip(),
     "official Go client " + open("tests/interop/go.mod").read().split("siderolabs/talos/pkg/machinery ")[1].split()[0],
     subprocess.run(["go", "version"], capture_output=True, text=True).stdout.strip(),
-    subprocess.run(["etcdctl", "version"], capture_output=True, text=True, env={"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"}).stdout.strip().splitlines()[0],
+    subprocess.run([etcdctl, "version"], capture_output=True, text=True).stdout.strip().splitlines()[0],
 ])
 json.dump({
     "work": work, "talosctl_rs": "target/release/talosctl-rs", "benchdriver": f"{work}/benchdriver",
     "talosconfig": f"{work}/cluster/talosconfig", "node": str(node["ip"]), "etcd_url": node["etcd_client_url"],
+    "etcdctl": etcdctl, "pki": f"{work}/cluster/pki",
     "all_nodes": [str(n["ip"]) for n in sim["nodes"]],
     "latency_runs": 20, "snapshot_runs": 5, "snapshot_mib": size, "results": "bench/RESULTS.md",
     "versions": versions,

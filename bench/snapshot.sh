@@ -12,6 +12,8 @@ size_mib="${SIZE_MIB:-1024}"
 limit_kib=$((24 * 1024))
 
 scripts/install-deps.sh
+# The etcd the simulated node runs (Talos 1.13.9's), with its etcdctl.
+etcd_tools="$(dirname "$(scripts/etcd.sh v3.6.12)")"
 cargo build --locked --release --workspace --bins
 
 work="$(mktemp -d -t talos-bench-XXXXXX)"
@@ -22,7 +24,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-target/release/talos-sim up --isolated --nodes 1 --dir "$work/cluster" --json >"$work/sim.json" 2>"$work/sim.log" &
+target/release/talos-sim up --etcd-cache "$(dirname "$etcd_tools")" --isolated --nodes 1 --dir "$work/cluster" --json >"$work/sim.json" 2>"$work/sim.log" &
 sim_pid=$!
 for _ in $(seq 1 240); do
   [ -s "$work/sim.json" ] && break
@@ -48,7 +50,11 @@ measure() { # label, output file, command...
 
 ours="$(measure talosctl-rs "$work/ours" target/release/talosctl-rs --talosconfig "$work/cluster/talosconfig" etcd snapshot "$work/ours.db")"
 cat "$work/ours.stdout" >&2
-ref="$(ETCDCTL_API=3 measure "etcdctl snapshot save" "$work/ref" etcdctl --endpoints "$etcd_url" snapshot save "$work/ref.db")"
+# Straight from etcd, with machined's etcd client certificate (the members
+# require one, as on Talos).
+pki="$work/cluster/pki"
+ref="$(measure "etcdctl snapshot save" "$work/ref" "$etcd_tools/etcdctl" --cacert "$pki/etcd-ca.crt" \
+  --cert "$pki/etcd-client.crt" --key "$pki/etcd-client.key" --endpoints "$etcd_url" snapshot save "$work/ref.db")"
 bytes="$(stat -c %s "$work/ours.db")"
 
 row() { # "label|wall|cpu|rss"

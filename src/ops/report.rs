@@ -22,7 +22,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::cluster::{ClusterView, VOTER_CALL_TIMEOUT, member_address};
-use super::{Facts, OpRecord, OpState, Ops, OpsError, StepState};
+use super::{Facts, OpKind, OpRecord, OpState, Ops, OpsError, StepState};
 use crate::client::MemberId;
 use crate::tls::Credentials;
 
@@ -390,6 +390,9 @@ fn backups(records: &[OpRecord], now: OffsetDateTime) -> (Option<BackupSeen>, Op
             op: record.id.clone(),
         };
         let (file, stored) = match record.typed_facts() {
+            // A snapshot operation's backup counts once it succeeded (its
+            // retention and upload come after the snapshot step).
+            Ok(Facts::Snapshot(_)) if record.state != OpState::Succeeded => continue,
             Ok(Facts::Snapshot(f)) => {
                 let stored = f.off_host.as_ref().and_then(|o| {
                     let key = o.key.as_ref()?;
@@ -401,9 +404,6 @@ fn backups(records: &[OpRecord], now: OffsetDateTime) -> (Option<BackupSeen>, Op
             Ok(Facts::Migrate(f)) => (f.retire.snapshot, None),
             _ => (None, None),
         };
-        if record.kind == "snapshot" && record.state != OpState::Succeeded {
-            continue;
-        }
         if let Some(stored) = stored {
             if off_host.is_none() {
                 off_host = Some(seen(stored));
@@ -421,7 +421,7 @@ fn backups(records: &[OpRecord], now: OffsetDateTime) -> (Option<BackupSeen>, Op
 fn last_drill(records: &[OpRecord], now: OffsetDateTime) -> Option<DrillSeen> {
     records
         .iter()
-        .filter(|r| r.kind == "drill")
+        .filter(|r| r.kind == OpKind::Drill.name())
         .find_map(|record| {
             let ok = match record.state {
                 OpState::Succeeded => true,

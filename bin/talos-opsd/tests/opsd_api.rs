@@ -401,21 +401,13 @@ async fn scheduled_snapshots_are_catalogued_and_retention_keeps_n() {
     .await;
     let client = d.client().await;
     // Wait until at least three scheduled snapshots succeeded.
-    let succeeded = wait_for("three scheduled snapshots", Duration::from_secs(90), || {
-        let mut client = client.clone();
-        async move {
-            let ops = client
-                .list_operations(proto::ListOperationsRequest {
-                    cluster: "a".into(),
-                    state: "succeeded".into(),
-                })
-                .await
-                .ok()?
-                .into_inner()
-                .operations;
-            (ops.len() >= 3).then_some(ops)
-        }
-    })
+    let succeeded = daemon::until_succeeded(
+        &client,
+        "a",
+        "three scheduled snapshots",
+        Duration::from_secs(90),
+        |ops| ops.len() >= 3,
+    )
     .await;
     assert!(succeeded.iter().all(|o| o.kind == "snapshot"));
     let metrics = scrape(port).await;

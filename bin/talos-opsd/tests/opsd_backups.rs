@@ -17,7 +17,7 @@ use s3::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY};
 use talos_client::backup::{self, Identity};
 use talos_opsd::proto;
 use talos_test_support::cli::cargo_bin;
-use talos_test_support::sim::{SimCluster, wait_for};
+use talos_test_support::sim::SimCluster;
 
 async fn scrape(port: u16) -> String {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -74,25 +74,15 @@ async fn scheduled_backups_go_off_host_encrypted_with_a_kit_and_scheduled_drills
     .await;
     let client = d.client().await;
     // Three snapshots and one drill succeeded.
-    let ops = wait_for(
+    let ops = daemon::until_succeeded(
+        &client,
+        "a",
         "three scheduled snapshots and a drill",
         Duration::from_secs(120),
-        || {
-            let mut client = client.clone();
-            async move {
-                let ops = client
-                    .list_operations(proto::ListOperationsRequest {
-                        cluster: "a".into(),
-                        state: "succeeded".into(),
-                    })
-                    .await
-                    .ok()?
-                    .into_inner()
-                    .operations;
-                let snapshots = ops.iter().filter(|o| o.kind == "snapshot").count();
-                let drills = ops.iter().filter(|o| o.kind == "drill").count();
-                (snapshots >= 3 && drills >= 1).then_some(ops)
-            }
+        |ops| {
+            let snapshots = ops.iter().filter(|o| o.kind == "snapshot").count();
+            let drills = ops.iter().filter(|o| o.kind == "drill").count();
+            snapshots >= 3 && drills >= 1
         },
     )
     .await;

@@ -41,21 +41,13 @@ async fn snapshots_present_the_backup_credential_and_never_the_admin_one() {
     let before = sim.cluster.calls().len();
     let d = Daemon::start(dir.path(), &cluster_toml("a", &admin, &extra)).await;
     let client = d.client().await;
-    wait_for("two scheduled snapshots", Duration::from_secs(90), || {
-        let mut client = client.clone();
-        async move {
-            let ops = client
-                .list_operations(proto::ListOperationsRequest {
-                    cluster: "a".into(),
-                    state: "succeeded".into(),
-                })
-                .await
-                .ok()?
-                .into_inner()
-                .operations;
-            (ops.len() >= 2).then_some(())
-        }
-    })
+    daemon::until_succeeded(
+        &client,
+        "a",
+        "two scheduled snapshots",
+        Duration::from_secs(90),
+        |ops| ops.len() >= 2,
+    )
     .await;
     // One a person starts through the API goes the same way; it waits for
     // a scheduled one in progress to end (the cluster is busy meanwhile).

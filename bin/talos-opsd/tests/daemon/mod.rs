@@ -342,6 +342,35 @@ pub async fn ops_cli(tc: &Path, socket: &Path, args: &[&str]) -> talos_test_supp
     }
 }
 
+/// Waits (within `timeout`) until `enough` holds of cluster `cluster`'s
+/// succeeded operations, newest first, and returns them.
+pub async fn until_succeeded(
+    client: &OpsdClient<Channel>,
+    cluster: &str,
+    what: &str,
+    timeout: Duration,
+    enough: impl Fn(&[talos_opsd::proto::Operation]) -> bool,
+) -> Vec<talos_opsd::proto::Operation> {
+    wait_for(what, timeout, || {
+        let mut client = client.clone();
+        let request = talos_opsd::proto::ListOperationsRequest {
+            cluster: cluster.into(),
+            state: "succeeded".into(),
+        };
+        let enough = &enough;
+        async move {
+            let ops = client
+                .list_operations(request)
+                .await
+                .ok()?
+                .into_inner()
+                .operations;
+            enough(&ops).then_some(ops)
+        }
+    })
+    .await
+}
+
 /// Waits (within 30 s) until `counter` reaches `count`.
 pub async fn wait_for_count(what: &str, counter: &std::sync::atomic::AtomicUsize, count: usize) {
     wait_for(what, Duration::from_secs(30), || {

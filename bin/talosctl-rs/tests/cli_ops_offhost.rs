@@ -312,6 +312,25 @@ async fn ops_drill_proves_the_newest_backup_and_catches_a_tampered_one() {
     );
     assert!(report["keys"].as_u64().unwrap() >= 30, "{report}");
 
+    // The risk report reads both from the journal: the backup stored off
+    // the host, and the drill that passed.
+    let risk = ops_in(&f, &server, &["report"]).await.json();
+    assert_eq!(risk["backup_off_host"]["op"], stored["id"], "{risk}");
+    let location = risk["backup_off_host"]["location"].as_str().unwrap();
+    assert!(location.starts_with(&from), "{risk}");
+    assert_eq!(risk["drill"]["ok"], true, "{risk}");
+    assert_eq!(risk["drill"]["op"], drilled["id"], "{risk}");
+    for check in ["backup", "off-host-backup", "drill"] {
+        assert!(
+            risk["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|f| f["check"] != check),
+            "{check}: {risk}"
+        );
+    }
+
     // One flipped byte in the stored object: the drill fails, naming the
     // check that caught it.
     let key = drilled["facts"]["key"].as_str().unwrap().to_string();
@@ -331,6 +350,19 @@ async fn ops_drill_proves_the_newest_backup_and_catches_a_tampered_one() {
         failed.stderr.contains("failed the check"),
         "{}",
         failed.stderr
+    );
+    // The report says the last drill failed: critical.
+    let after = ops_in(&f, &server, &["report"]).await;
+    assert_eq!(after.code, 2, "{}", after.stderr);
+    let after = after.json();
+    assert_eq!(after["drill"]["ok"], false, "{after}");
+    assert!(
+        after["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["check"] == "drill" && f["level"] == "critical"),
+        "{after}"
     );
     // Without the identity it cannot decrypt, and says so before anything.
     let refused = ops_in(

@@ -8,6 +8,7 @@
 mod daemon;
 
 use std::ffi::OsStr;
+use std::path::Path;
 use std::time::Duration;
 
 use daemon::{Daemon, cluster_toml, run_to_exit};
@@ -25,6 +26,32 @@ fn presented(sim: &SimCluster) -> Vec<(Vec<String>, bool)> {
         }
     }
     seen
+}
+
+/// `talos-opsd check-config` on a file at `path` with state and socket under
+/// `dir` and `cluster` (TOML): its exit status and stderr.
+async fn check_config(
+    dir: &Path,
+    path: &Path,
+    state: &str,
+    socket: &str,
+    cluster: &str,
+) -> (std::process::ExitStatus, String) {
+    std::fs::write(
+        path,
+        format!(
+            "state_dir = {:?}\nsocket = {:?}\n{cluster}",
+            dir.join(state),
+            dir.join(socket)
+        ),
+    )
+    .unwrap();
+    run_to_exit(&[
+        OsStr::new("--config"),
+        path.as_os_str(),
+        OsStr::new("check-config"),
+    ])
+    .await
 }
 
 #[tokio::test]
@@ -97,21 +124,13 @@ async fn a_backup_credential_that_cannot_snapshot_is_refused_by_check_config() {
     let admin = sim.dir.path().join("talosconfig");
     let reader = sim.dir.path().join("talosconfig-reader");
     let path = dir.path().join("opsd.toml");
-    std::fs::write(
+    let (status, stderr) = check_config(
+        dir.path(),
         &path,
-        format!(
-            "state_dir = {:?}\nsocket = {:?}\n{}",
-            dir.path().join("state"),
-            dir.path().join("opsd.sock"),
-            cluster_toml("a", &admin, &format!("backup_talosconfig = {reader:?}\n"))
-        ),
+        "state",
+        "opsd.sock",
+        &cluster_toml("a", &admin, &format!("backup_talosconfig = {reader:?}\n")),
     )
-    .unwrap();
-    let (status, stderr) = run_to_exit(&[
-        OsStr::new("--config"),
-        path.as_os_str(),
-        OsStr::new("check-config"),
-    ])
     .await;
     assert!(!status.success(), "accepted:\n{stderr}");
     let want = format!("{}:7: cluster[0].backup_talosconfig:", path.display());
@@ -125,21 +144,13 @@ async fn a_backup_credential_that_cannot_snapshot_is_refused_by_check_config() {
 
     // The same file with the backup credential passes.
     let backup = sim.dir.path().join("talosconfig-backup");
-    std::fs::write(
+    let (status, stderr) = check_config(
+        dir.path(),
         &path,
-        format!(
-            "state_dir = {:?}\nsocket = {:?}\n{}",
-            dir.path().join("state"),
-            dir.path().join("opsd.sock"),
-            cluster_toml("a", &admin, &format!("backup_talosconfig = {backup:?}\n"))
-        ),
+        "state",
+        "opsd.sock",
+        &cluster_toml("a", &admin, &format!("backup_talosconfig = {backup:?}\n")),
     )
-    .unwrap();
-    let (status, stderr) = run_to_exit(&[
-        OsStr::new("--config"),
-        path.as_os_str(),
-        OsStr::new("check-config"),
-    ])
     .await;
     assert!(status.success(), "{stderr}");
 }
@@ -246,21 +257,13 @@ async fn the_report_reads_with_the_reader_credential_and_sets_the_metrics() {
 
     // A backup credential cannot serve the report (no Version): refused.
     let path = dir.path().join("other.toml");
-    std::fs::write(
+    let (status, stderr) = check_config(
+        dir.path(),
         &path,
-        format!(
-            "state_dir = {:?}\nsocket = {:?}\n{}",
-            dir.path().join("state2"),
-            dir.path().join("other.sock"),
-            cluster_toml("a", &admin, &format!("reader_talosconfig = {backup:?}\n"))
-        ),
+        "state2",
+        "other.sock",
+        &cluster_toml("a", &admin, &format!("reader_talosconfig = {backup:?}\n")),
     )
-    .unwrap();
-    let (status, stderr) = run_to_exit(&[
-        OsStr::new("--config"),
-        path.as_os_str(),
-        OsStr::new("check-config"),
-    ])
     .await;
     assert!(!status.success(), "accepted:\n{stderr}");
     for expected in [
